@@ -1,0 +1,1 @@
+from kernels.attention import attention  # noqa: F401

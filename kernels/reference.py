@@ -1,0 +1,47 @@
+"""Reference attention: explicit (T, T) masks, fp32 softmax, obviously correct and O(T^2).
+
+Every faster backend is tested against this file. Conventions (shared/docs/reference.md section 5):
+a local query at position t sees keys t-window+1 .. t plus the first n_sink positions; gate 1 = global.
+"""
+import torch
+
+
+def local_mask(T, window, n_sink=0, device=None):
+    """(T, T) bool: query t may read key s."""
+    t = torch.arange(T, device=device)[:, None]
+    s = torch.arange(T, device=device)[None, :]
+    return (s <= t) & ((t - s < window) | (s < n_sink))
+
+
+def causal_mask(T, device=None):
+    t = torch.arange(T, device=device)
+    return t[None, :] <= t[:, None]
+
+
+def masked_attention(q, k, v, mask):
+    """softmax(q k^T / sqrt(D) masked) v, computed in fp32 and returned in q's dtype."""
+    acc = torch.promote_types(q.dtype, torch.float32)
+    scores = (q.to(acc) @ k.to(acc).transpose(-1, -2)) * q.shape[-1] ** -0.5
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return (scores.softmax(-1) @ v.to(acc)).to(q.dtype)
+
+
+def reference_attention(q, k, v, kind, window, n_sink=0, gate=None, mode="exact"):
+    """q, k, v: (B, H, T, D). kind: 'dense' | 'local' | 'routed'.
+
+    gate (routed only): float (B, H, T) holding 0/1 in the forward pass and carrying the router's
+    straight-through gradient. The output is O_local + gate * (O_full - O_local). In 'sparse' mode the
+    full output exists only for gated tokens, so the difference (and the router gradient through it)
+    is zero where the gate is 0.
+    """
+    T = q.shape[-2]
+    if kind == "dense":
+        return masked_attention(q, k, v, causal_mask(T, q.device))
+    local = masked_attention(q, k, v, local_mask(T, window, n_sink, q.device))
+    if kind == "local":
+        return local
+    full = masked_attention(q, k, v, causal_mask(T, q.device))
+    delta = full - local
+    if mode == "sparse":
+        delta = delta * (gate.detach() > 0.5).unsqueeze(-1)
+    return local + gate.unsqueeze(-1).to(q.dtype) * delta
