@@ -1,0 +1,83 @@
+"""Plain-Python config files plus --key=value overrides, validated against dataclass schemas.
+
+    python train.py configs/quickstart.py --max_iters=100 --schedule=LG
+
+A config file is executed as Python; every top-level name that does not start with '_' is a setting.
+Unknown keys and wrong types fail with an error that names the key, the close matches and the expected type.
+"""
+import ast
+import dataclasses
+import difflib
+import types
+import typing
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def _expected_types(annotation):
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return tuple(t for t in typing.get_args(annotation))
+    return (annotation,)
+
+
+def _check_type(key, value, annotation):
+    allowed = _expected_types(annotation)
+    if value is None and type(None) in allowed:
+        return value
+    if float in allowed and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if any(t is not type(None) and type(value) is t for t in allowed):
+        return value
+    names = " or ".join("None" if t is type(None) else t.__name__ for t in allowed)
+    raise ConfigError(f"config key '{key}' expects {names}, got {type(value).__name__} {value!r}")
+
+
+def _parse_value(text):
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text  # a bare word is a string: --dataset=python_stdlib
+
+
+def read_config_file(path):
+    namespace = {}
+    try:
+        with open(path) as f:
+            exec(compile(f.read(), path, "exec"), namespace)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path!r} does not exist") from None
+    return {k: v for k, v in namespace.items() if not k.startswith("_") and not isinstance(v, types.ModuleType)}
+
+
+def parse_args(argv, *schemas):
+    """argv: config file paths and --key=value overrides, applied in order.
+    Returns one instance per schema (dataclass type), each built from the keys it declares."""
+    fields = {f.name: f for schema in schemas for f in dataclasses.fields(schema)}
+    values = {}
+    for arg in argv:
+        if arg.startswith("--"):
+            key, sep, text = arg[2:].partition("=")
+            if not sep and key in fields and fields[key].type is bool:
+                text = "True"  # a bare --flag switches a boolean on
+            elif not sep:
+                raise ConfigError(f"override {arg!r} must look like --{key}=VALUE")
+            values[key] = _parse_value(text)
+        elif arg.endswith(".py"):
+            values.update(read_config_file(arg))
+        else:
+            raise ConfigError(f"argument {arg!r} is neither a config file (*.py) nor --key=value")
+    for key, value in values.items():
+        if key not in fields:
+            close = difflib.get_close_matches(key, fields, n=3, cutoff=0.6)
+            hint = f"; did you mean {', '.join(close)}?" if close else f"; known keys: {', '.join(sorted(fields))}"
+            raise ConfigError(f"unknown config key '{key}'{hint}")
+        if isinstance(value, str) and fields[key].type is not str and str not in _expected_types(fields[key].type):
+            raise ConfigError(f"config key '{key}' expects {fields[key].type.__name__}, got the string {value!r}")
+        values[key] = _check_type(key, value, fields[key].type)
+    try:
+        return [schema(**{k: v for k, v in values.items() if k in {f.name for f in dataclasses.fields(schema)}})
+                for schema in schemas]
+    except ValueError as e:
+        raise ConfigError(str(e)) from None

@@ -1,0 +1,349 @@
+"""nanoAHA: a GPT whose attention layers are dense, local (sliding window) or routed (All-or-Here).
+
+Where things are:
+- Router.forward          per-head router: logits from the layer input, sigmoid, hard threshold, STE
+- GPT.forward             loss = LM loss + penalty_weight * mean router probability (the L1 penalty)
+- routing_stats           global fraction and mean p per layer and head, attention-FLOP fraction
+- kernels.attention       the one attention entry point (reference / torch / triton backends)
+"""
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from kernels import attention
+from kernels.reference import masked_attention
+
+KIND_OF_LETTER = {"G": "dense", "L": "local", "R": "routed"}
+RUNTIME_KEYS = {"attention_backend", "routed_mode", "router_threshold"}  # may change between runs of one model
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int = 256
+    block_size: int = 1024
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    dropout: float = 0.0
+    bias: bool = False
+    schedule: str = "R"             # one letter per layer, repeated to n_layer: G dense, L local, R routed
+    window: int = 32                # a local query at t sees keys t-window+1 .. t
+    n_sink: int = 0                 # ... plus the first n_sink positions
+    routing: str = "learned"        # 'learned' router, or 'random': global with probability random_global_q
+    random_global_q: float = 0.1
+    router_threshold: float = 0.5   # gate = p >= threshold; may be changed at inference
+    router_init_bias: float = 0.0   # 0 with zero weights: p = 0.5 >= 0.5, so step 0 is all-global
+    router_init_std: float = 0.0
+    routed_mode: str = "exact"      # 'exact': full + local for every token; 'sparse': full only where gated
+    attention_backend: str = "auto"
+    rope_base: float = 10000.0
+
+    def __post_init__(self):
+        if not self.schedule or set(self.schedule) - set(KIND_OF_LETTER):
+            raise ValueError(f"schedule={self.schedule!r}: use the letters G (dense), L (local), R (routed)")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
+        if (self.n_embd // self.n_head) % 2:
+            raise ValueError("head size n_embd // n_head must be even for rotary embeddings")
+        if not 1 <= self.window <= self.block_size:
+            raise ValueError(f"window={self.window} must be between 1 and block_size={self.block_size}; "
+                             "a window as long as the block is dense attention (schedule 'G')")
+        if not 0 <= self.n_sink <= self.window:
+            raise ValueError(f"n_sink={self.n_sink} must be between 0 and window={self.window}")
+        if self.routing not in ("learned", "random"):
+            raise ValueError(f"routing={self.routing!r}: use 'learned' or 'random'")
+        if self.routed_mode not in ("exact", "sparse"):
+            raise ValueError(f"routed_mode={self.routed_mode!r}: use 'exact' or 'sparse'")
+        if not 0.0 <= self.random_global_q <= 1.0:
+            raise ValueError(f"random_global_q={self.random_global_q} must be a probability")
+
+    @property
+    def kinds(self):
+        return [KIND_OF_LETTER[self.schedule[i % len(self.schedule)]] for i in range(self.n_layer)]
+
+
+@dataclass
+class GPTOutput:
+    logits: torch.Tensor
+    loss: torch.Tensor = None       # lm_loss + penalty_weight * penalty
+    lm_loss: torch.Tensor = None
+    penalty: torch.Tensor = None    # mean router probability over batch, positions, heads, routed layers
+    gates: list = field(default_factory=list)  # per layer: bool (B, H, T) hard gate, or None (not routed)
+    probs: list = field(default_factory=list)  # per layer: router p (B, H, T), or None
+    seq_len: int = 0
+
+
+def rotary_tables(head_dim, length, base):
+    inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2).float() / head_dim)
+    angles = torch.outer(torch.arange(length).float(), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def apply_rotary(x, cos, sin):
+    """x: (B, H, T, D); cos, sin: (T, D/2). Rotates pairs (x[..., :D/2], x[..., D/2:])."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).to(x.dtype)
+
+
+class Router(nn.Module):
+    """Per-head All-or-Here router: p = sigmoid(W x + b) for each head, gate = p >= threshold.
+    The returned gate holds the hard 0/1 decision in the forward pass and the gradient of p in the
+    backward pass (straight-through estimator: g = hard + p - p.detach())."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.proj = nn.Linear(config.n_embd, config.n_head, bias=True)
+
+    def reset_parameters(self):
+        nn.init.normal_(self.proj.weight, std=self.config.router_init_std) if self.config.router_init_std \
+            else nn.init.zeros_(self.proj.weight)
+        nn.init.constant_(self.proj.bias, self.config.router_init_bias)
+
+    def forward(self, x, force_global=False):
+        p = torch.sigmoid(self.proj(x).float()).transpose(1, 2)  # (B, H, T)
+        hard = p >= self.config.router_threshold
+        if force_global:
+            hard = torch.ones_like(hard)
+        return hard, hard.to(p.dtype) + (p - p.detach()), p
+
+
+class Attention(nn.Module):
+    def __init__(self, config, kind):
+        super().__init__()
+        self.config, self.kind = config, kind
+        self.n_head, self.head_dim = config.n_head, config.n_embd // config.n_head
+        self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+        learned = kind == "routed" and config.routing == "learned"
+        self.router = Router(config) if learned else None
+
+    def route(self, x, force_global):
+        """(hard gate, STE gate, p) for routed layers, (None, None, None) otherwise."""
+        if self.kind != "routed":
+            return None, None, None
+        if self.router is not None:
+            return self.router(x, force_global)
+        B, T, _ = x.shape
+        hard = torch.rand(B, self.n_head, T, device=x.device) < self.config.random_global_q
+        if force_global:
+            hard = torch.ones_like(hard)
+        return hard, hard.float(), None
+
+    def forward(self, x, cos, sin, force_global=False, cache=None):
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        hard, gate, p = self.route(x, force_global)
+        cfg = self.config
+        if cache is not None and cache.length > 0:
+            y = self.decode(q, k, v, hard, cache)
+        else:
+            mode = "exact" if force_global else cfg.routed_mode  # all-global: the dense kernel is cheapest
+            y = attention(q, k, v, self.kind, cfg.window, cfg.n_sink, gate, mode, cfg.attention_backend)
+            if cache is not None:
+                cache.append(k, v)
+        y = y.transpose(1, 2).reshape(B, T, C)
+        return self.dropout(self.proj(y)), hard, p
+
+    def decode(self, q, k, v, hard, cache):
+        """Attention of new queries against the KV cache (generation after the prompt)."""
+        keys, values, key_pos = cache.append(k, v)
+        query_pos = key_pos[-q.shape[2]:]
+        causal = key_pos[None, :] <= query_pos[:, None]
+        near = (query_pos[:, None] - key_pos[None, :] < self.config.window) | (key_pos[None, :] < self.config.n_sink)
+        if self.kind == "dense":
+            allowed = causal
+        elif self.kind == "local":
+            allowed = causal & near
+        else:
+            allowed = causal & (near | hard[..., None])  # (B, H, T, S)
+        return masked_attention(q, keys, values, allowed)
+
+
+class MLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        return self.dropout(self.proj(F.gelu(self.fc(x))))
+
+
+class Block(nn.Module):
+    def __init__(self, config, kind):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = Attention(config, kind)
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x, cos, sin, force_global=False, cache=None):
+        a, hard, p = self.attn(self.ln_1(x), cos, sin, force_global, cache)
+        x = x + a
+        return x + self.mlp(self.ln_2(x)), hard, p
+
+
+class LayerCache:
+    """Keys and values of one layer during generation. Local layers keep only the sinks and the last
+    `window` positions; dense and routed layers keep everything."""
+
+    def __init__(self, keep_window=None, n_sink=0):
+        self.keep_window, self.n_sink = keep_window, n_sink
+        self.k = self.v = self.pos = None
+        self.length = 0  # positions seen so far, kept or not
+
+    def append(self, k, v):
+        T = k.shape[2]
+        pos = torch.arange(self.length, self.length + T, device=k.device)
+        if self.k is None:
+            self.k, self.v, self.pos = k, v, pos
+        else:
+            self.k, self.v = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)
+            self.pos = torch.cat([self.pos, pos])
+        self.length += T
+        keys, values, key_pos = self.k, self.v, self.pos
+        if self.keep_window is not None:
+            keep = (self.pos < self.n_sink) | (self.pos >= self.length - self.keep_window)
+            self.k, self.v, self.pos = self.k[:, :, keep], self.v[:, :, keep], self.pos[keep]
+        return keys, values, key_pos
+
+
+class GPT(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config, kind) for kind in config.kinds)
+        self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # weight tying
+        cos, sin = rotary_tables(config.n_embd // config.n_head, config.block_size, config.rope_base)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():
+            if name.endswith("proj.weight") and "router" not in name:  # GPT-2: scale residual projections
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+        for block in self.blocks:
+            if block.attn.router is not None:
+                block.attn.router.reset_parameters()
+
+    @staticmethod
+    def _init_weights(module):
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def num_params(self):
+        return sum(p.numel() for p in self.parameters())
+
+    def forward(self, idx, targets=None, penalty_weight=0.0, force_global=False, cache=None):
+        """idx: (B, T) token ids. targets: (B, T), -1 = ignored. force_global: every routed head of this
+        call runs full attention (the router still gets its straight-through gradient).
+        cache: list of LayerCache (generation); positions continue from what the cache has seen."""
+        B, T = idx.shape
+        start = cache[0].length if cache else 0
+        if start + T > self.config.block_size:
+            raise ValueError(f"sequence of {start + T} tokens is longer than block_size={self.config.block_size}")
+        cos, sin = self.rope_cos[start:start + T], self.rope_sin[start:start + T]
+        x = self.drop(self.wte(idx))
+        gates, probs = [], []
+        for i, block in enumerate(self.blocks):
+            x, hard, p = block(x, cos, sin, force_global, cache[i] if cache else None)
+            gates.append(hard)
+            probs.append(p)
+        x = self.ln_f(x)
+        if targets is None:
+            return GPTOutput(logits=self.lm_head(x[:, -1:]), gates=gates, probs=probs, seq_len=T)
+        logits = self.lm_head(x)
+        lm_loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
+        routed_p = [p.mean() for p in probs if p is not None]
+        penalty = torch.stack(routed_p).mean() if routed_p else lm_loss.new_zeros(())
+        return GPTOutput(logits, lm_loss + penalty_weight * penalty, lm_loss, penalty, gates, probs, T)
+
+    def new_cache(self):
+        cfg = self.config
+        return [LayerCache(cfg.window if kind == "local" else None, cfg.n_sink) for kind in cfg.kinds]
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_kv_cache=True, generator=None):
+        """Sample tokens after idx (B, T). With the KV cache, past keys are reused; once the context fills
+        block_size the cache is rebuilt from the last block_size - 1 tokens, which is what the cache-free
+        path computes too, so both give the same tokens at temperature 0."""
+        cache, fed = None, 0
+        for _ in range(max_new_tokens):
+            context = idx[:, -self.config.block_size:]
+            if not use_kv_cache:
+                logits = self(context).logits
+            else:
+                if cache is None or cache[0].length + 1 > self.config.block_size:
+                    cache, fed = self.new_cache(), idx.shape[1] - context.shape[1]
+                logits = self(idx[:, fed:], cache=cache).logits
+                fed = idx.shape[1]
+            logits = logits[:, -1].float()
+            if temperature == 0:
+                next_id = logits.argmax(-1, keepdim=True)
+            else:
+                logits = logits / temperature
+                if top_k is not None:
+                    kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
+                    logits = logits.masked_fill(logits < kth, float("-inf"))
+                next_id = torch.multinomial(logits.softmax(-1), 1, generator=generator)
+            idx = torch.cat([idx, next_id], dim=1)
+        return idx
+
+
+def keys_read(kind, T, window, n_sink, device=None):
+    """Keys each query position reads: (T,) for 'dense' and 'local' kinds."""
+    t = torch.arange(T, device=device)
+    if kind == "dense":
+        return t + 1
+    return torch.clamp(t + 1, max=window) + torch.clamp(t + 1 - window, min=0).clamp(max=n_sink)
+
+
+@torch.no_grad()
+def routing_stats(output, config):
+    """Routing statistics of one forward pass.
+
+    Returns a dict: 'global_frac' (n_layer, H) fraction of tokens whose head attended globally (1 for
+    dense layers, 0 for local); 'mean_p' (n_layer, H) mean router probability (nan where there is no
+    learned router); 'flop_frac' (n_layer,) attention FLOPs relative to dense causal attention (keys read);
+    and the scalars 'routed_global_frac' (global decisions / all decisions over the routed layers, nan if
+    there are none) and 'model_flop_frac' (the whole model's attention FLOPs relative to all-dense)."""
+    global_frac, mean_p, flop_frac = [], [], []
+    T = output.seq_len
+    dense_keys = keys_read("dense", T, config.window, config.n_sink, output.logits.device).float()
+    local_keys = keys_read("local", T, config.window, config.n_sink, output.logits.device).float()
+    H = config.n_head
+    for kind, hard, p in zip(config.kinds, output.gates, output.probs):
+        if kind == "routed":
+            g = hard.float()
+            frac = g.mean(dim=(0, 2))
+            keys = (g * dense_keys + (1 - g) * local_keys).mean(dim=(0, 1)).sum()
+        else:
+            frac = torch.full((H,), 1.0 if kind == "dense" else 0.0, device=dense_keys.device)
+            keys = (dense_keys if kind == "dense" else local_keys).sum()
+        global_frac.append(frac)
+        mean_p.append(p.float().mean(dim=(0, 2)) if p is not None else torch.full((H,), float("nan"),
+                                                                                 device=dense_keys.device))
+        flop_frac.append(keys / dense_keys.sum())
+    global_frac, mean_p, flop_frac = torch.stack(global_frac), torch.stack(mean_p), torch.stack(flop_frac)
+    routed = torch.tensor([k == "routed" for k in config.kinds], device=global_frac.device)
+    return {
+        "global_frac": global_frac,
+        "mean_p": mean_p,
+        "flop_frac": flop_frac,
+        "routed_global_frac": global_frac[routed].mean() if routed.any() else torch.tensor(float("nan")),
+        "model_flop_frac": flop_frac.mean(),
+    }

@@ -1,0 +1,91 @@
+"""Generate text from a checkpoint and show which tokens went global.
+
+    python sample.py --out_dir=out/quickstart --start="def " --show_routing
+    python sample.py --out_dir=out/quickstart --start=FILE:prompt.txt --temperature=0 --router_threshold=0.7
+"""
+import sys
+from dataclasses import dataclass
+
+import torch
+
+from configurator import ConfigError, parse_args
+from data.tokens import codec
+from model import GPT, GPTConfig
+from train import load_checkpoint, load_model_state, pick_device
+
+
+@dataclass
+class SampleConfig:
+    out_dir: str = "out"
+    start: str = "\n"              # the prompt, or FILE:path to read it from a file
+    num_samples: int = 1
+    max_new_tokens: int = 300
+    temperature: float = 0.8       # 0: greedy
+    top_k: int | None = 50
+    seed: int = 1337
+    device: str = "auto"
+    use_kv_cache: bool = True
+    show_routing: bool = False     # colour each token by how many heads went global
+    router_threshold: float | None = None  # override the trained threshold (speed/quality trade-off)
+
+
+def load_model(out_dir, device, router_threshold=None):
+    ckpt = load_checkpoint(out_dir, device)
+    config = GPTConfig(**ckpt["model_config"])
+    if router_threshold is not None:
+        config.router_threshold = router_threshold
+    model = GPT(config)
+    load_model_state(model, ckpt["model"], out_dir)
+    return model.to(device).eval(), ckpt["data_meta"]
+
+
+def global_head_counts(model, idx):
+    """Per token of idx (1, T): number of (routed layer, head) pairs that attended globally."""
+    out = model(idx[:, -model.config.block_size:])
+    gates = [g[0].sum(0) for g in out.gates if g is not None]
+    return torch.stack(gates).sum(0).tolist() if gates else None
+
+
+def colour_by_routing(pieces, counts, max_count):
+    """ANSI background colours from blue (all local) to red (all heads global)."""
+    palette = [17, 18, 19, 20, 54, 90, 126, 160, 196]
+    out = []
+    for piece, count in zip(pieces, counts):
+        colour = palette[round(count / max_count * (len(palette) - 1))] if max_count else palette[0]
+        out.append(f"\x1b[48;5;{colour}m\x1b[97m{piece}\x1b[0m")
+    return "".join(out)
+
+
+def main(argv):
+    try:
+        (cfg,) = parse_args(argv, SampleConfig)
+    except ConfigError as e:
+        sys.exit(f"config error: {e}")
+    device = pick_device(cfg.device)
+    model, meta = load_model(cfg.out_dir, device, cfg.router_threshold)
+    encode, decode = codec(meta["encoding"])
+    prompt = cfg.start
+    if prompt.startswith("FILE:"):
+        with open(prompt[5:], encoding="utf-8") as f:
+            prompt = f.read()
+    idx = torch.tensor([encode(prompt)], dtype=torch.long, device=device)
+    if idx.shape[1] == 0:
+        sys.exit("the prompt is empty: pass --start=TEXT or --start=FILE:path")
+    generator = torch.Generator(device=device).manual_seed(cfg.seed)
+    n_routed = sum(kind == "routed" for kind in model.config.kinds)
+    for i in range(cfg.num_samples):
+        tokens = model.generate(idx, cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.use_kv_cache, generator)[0]
+        if cfg.show_routing and n_routed:
+            with torch.no_grad():
+                counts = global_head_counts(model, tokens[None])
+            shown = tokens[-len(counts):].tolist()
+            print(colour_by_routing([decode([t]) for t in shown], counts, n_routed * model.config.n_head))
+            print(f"\n[colour: heads that went global per token, of {n_routed * model.config.n_head}; "
+                  f"{sum(counts) / (len(counts) * n_routed * model.config.n_head):.1%} global overall]")
+        else:
+            print(decode(tokens.tolist()))
+        print("-" * 40)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,330 @@
+"""Train a nanoAHA GPT from scratch (or resume, or fine-tune a checkpoint) on a tokenized corpus.
+
+    python train.py configs/quickstart.py [--key=value ...]              # one CPU or GPU
+    torchrun --standalone --nproc_per_node=8 train.py configs/NAME.py     # DDP
+
+Every setting is a field of TrainConfig below or of model.GPTConfig.
+"""
+import math
+import os
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from tqdm import tqdm
+
+from configurator import ConfigError, parse_args
+from data.loader import TokenData
+from model import GPT, RUNTIME_KEYS, GPTConfig, routing_stats
+
+
+@dataclass
+class TrainConfig:
+    out_dir: str = "out"
+    dataset: str = "python_stdlib"       # reads data/<dataset>/ unless data_dir is set
+    data_dir: str = ""
+    init_from: str = "scratch"           # 'scratch', 'resume' (from out_dir), or a checkpoint path to fine-tune
+    batch_size: int = 4
+    grad_accum: int = 1
+    max_iters: int = 750
+    learning_rate: float = 1e-3
+    min_lr: float = 1e-4
+    warmup_iters: int = 50
+    lr_decay_iters: int = 0              # 0: decay over max_iters
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0               # 0: no clipping
+    router_lambda: float = 0.01          # weight of the L1 router penalty (mean router probability)
+    router_lambda_start: int = 0         # penalty is zero before this step ...
+    router_lambda_ramp: int = 200        # ... then ramps linearly to router_lambda over this many steps
+    p_dense: float = 0.0                 # probability that a step runs every routed head globally
+    eval_interval: int = 250
+    eval_iters: int = 20
+    log_interval: int = 10
+    save_checkpoint: bool = True
+    tensorboard: bool = True
+    device: str = "auto"                 # 'auto', 'cpu', 'cuda', 'cuda:1', 'mps'
+    dtype: str = "auto"                  # 'auto' (bf16 on CUDA, else fp32), 'float32', 'bfloat16', 'float16'
+    compile: bool = False
+    seed: int = 1337
+    progress_bar: bool = True
+
+
+def lr_at(it, cfg):
+    decay_iters = cfg.lr_decay_iters or cfg.max_iters
+    if it < cfg.warmup_iters:
+        return cfg.learning_rate * (it + 1) / cfg.warmup_iters
+    if it >= decay_iters:
+        return cfg.min_lr
+    ratio = (it - cfg.warmup_iters) / max(1, decay_iters - cfg.warmup_iters)
+    return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (cfg.learning_rate - cfg.min_lr)
+
+
+def router_lambda_at(it, cfg):
+    if it < cfg.router_lambda_start:
+        return 0.0
+    if cfg.router_lambda_ramp <= 0:
+        return cfg.router_lambda
+    return cfg.router_lambda * min(1.0, (it - cfg.router_lambda_start + 1) / cfg.router_lambda_ramp)
+
+
+def save_checkpoint(path, state):
+    """Write to a temporary file, then rename: a crash mid-save leaves the previous checkpoint intact."""
+    tmp = path + ".tmp"
+    try:
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def load_checkpoint(path, device):
+    if os.path.isdir(path):
+        path = os.path.join(path, "ckpt.pt")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no checkpoint at {path}")
+    try:
+        return torch.load(path, map_location=device, weights_only=False)
+    except Exception as e:
+        raise ValueError(f"checkpoint {path} cannot be read ({e}); it is corrupt or not a nanoAHA checkpoint") from None
+
+
+def load_model_state(model, state_dict, source, allow_new_routers=False):
+    """Load weights, failing with a clear message when the shapes belong to another model."""
+    own = model.state_dict()
+    for key, value in state_dict.items():
+        if key in own and own[key].shape != value.shape:
+            raise ValueError(f"checkpoint {source} has {key} of shape {tuple(value.shape)}, this model "
+                             f"{tuple(own[key].shape)}: the checkpoint is from another model shape")
+    missing, unexpected = model.load_state_dict(state_dict, strict=False)
+    if allow_new_routers:  # fine-tuning a dense checkpoint into a routed model: routers start fresh
+        missing = [k for k in missing if ".router." not in k]
+        unexpected = [k for k in unexpected if ".router." not in k]
+    if missing or unexpected:
+        raise ValueError(f"checkpoint {source} does not match this model: missing {missing[:4]}, "
+                         f"unexpected {unexpected[:4]}")
+
+
+def pick_device(name):
+    if name != "auto":
+        return name
+    if torch.cuda.is_available():
+        return "cuda"
+    if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+        return "mps"
+    return "cpu"
+
+
+def pick_dtype(name, device):
+    if name == "auto":
+        return torch.bfloat16 if device.startswith("cuda") and torch.cuda.is_bf16_supported() else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+class Logger:
+    """TensorBoard scalars of the run (rank 0 only)."""
+
+    def __init__(self, log_dir, enabled):
+        self.writer = None
+        if enabled:
+            from torch.utils.tensorboard import SummaryWriter
+            self.writer = SummaryWriter(log_dir)
+
+    def scalars(self, step, values):
+        if self.writer:
+            for name, value in values.items():
+                self.writer.add_scalar(name, value, step)
+
+    def routing(self, step, prefix, stats, kinds):
+        values = {f"{prefix}/global_frac": stats["routed_global_frac"].item(),
+                  f"{prefix}/attention_flop_frac": stats["model_flop_frac"].item()}
+        for layer, kind in enumerate(kinds):
+            if kind != "routed":
+                continue
+            values[f"{prefix}_layers/global_frac_layer{layer}"] = stats["global_frac"][layer].mean().item()
+            for head, frac in enumerate(stats["global_frac"][layer].tolist()):
+                values[f"{prefix}_heads/layer{layer}_head{head}"] = frac
+        self.scalars(step, {k: v for k, v in values.items() if not math.isnan(v)})
+
+    def close(self):
+        if self.writer:
+            self.writer.close()
+
+
+@torch.no_grad()
+def evaluate(model, batches, autocast):
+    """Mean val LM loss and routing statistics over the fixed val batches."""
+    model.eval()
+    losses, stats = [], []
+    for x, y in batches:
+        with autocast:
+            out = model(x, y)
+        losses.append(out.lm_loss.item())
+        stats.append(routing_stats(out, model.config))
+    model.train()
+    mean = {k: torch.stack([s[k].float().cpu() for s in stats]).mean(0) for k in stats[0]}
+    return sum(losses) / len(losses), mean
+
+
+def format_routing(stats):
+    frac = stats["routed_global_frac"].item()
+    glob = "" if math.isnan(frac) else f"global {100 * frac:.1f}% "
+    return f"{glob}attn-FLOPs {100 * stats['model_flop_frac'].item():.0f}%"
+
+
+def train(tcfg, mcfg):
+    """Run training; returns a dict with the per-step losses and the final val loss/routing."""
+    ddp = int(os.environ.get("RANK", -1)) != -1
+    if ddp:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend)
+        rank, world = dist.get_rank(), dist.get_world_size()
+        device = f"cuda:{int(os.environ['LOCAL_RANK'])}" if backend == "nccl" else "cpu"
+        if backend == "nccl":
+            torch.cuda.set_device(device)
+    else:
+        rank, world, device = 0, 1, pick_device(tcfg.device)
+    master = rank == 0
+    dtype = pick_dtype(tcfg.dtype, device)
+    device_type = "cuda" if device.startswith("cuda") else "cpu"
+    autocast = nullcontext() if dtype == torch.float32 else torch.autocast(device_type, dtype=dtype)
+
+    data_dir = tcfg.data_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", tcfg.dataset)
+    data = TokenData(data_dir, mcfg.block_size, mcfg.vocab_size)
+    ckpt_path = os.path.join(tcfg.out_dir, "ckpt.pt")
+
+    torch.manual_seed(tcfg.seed + rank)
+    generator = torch.Generator().manual_seed(tcfg.seed + rank)  # data windows and forced-global draws
+    model = GPT(mcfg).to(device)
+    optimizer = configure_optimizer(model, tcfg, device_type)
+    iter_num, best_val = 0, float("inf")
+    if tcfg.init_from == "resume":
+        ckpt = load_checkpoint(ckpt_path, device)
+        changed = {k: (v, asdict(mcfg).get(k)) for k, v in ckpt["model_config"].items()
+                   if asdict(mcfg).get(k) != v and k not in RUNTIME_KEYS}
+        if changed:
+            raise ValueError(f"cannot resume {ckpt_path}: model config differs (checkpoint, now): {changed}")
+        load_model_state(model, ckpt["model"], ckpt_path)
+        optimizer.load_state_dict(ckpt["optimizer"])
+        iter_num, best_val = ckpt["iter_num"], ckpt["best_val_loss"]
+        torch.set_rng_state(ckpt["rng"]["torch"])
+        if torch.cuda.is_available() and ckpt["rng"].get("cuda") is not None:
+            torch.cuda.set_rng_state_all(ckpt["rng"]["cuda"])
+        generator.set_state(ckpt["rng"]["data"][rank] if isinstance(ckpt["rng"]["data"], list) else ckpt["rng"]["data"])
+    elif tcfg.init_from != "scratch":
+        ckpt = load_checkpoint(tcfg.init_from, device)
+        load_model_state(model, ckpt["model"], tcfg.init_from, allow_new_routers=True)
+    raw_model = model
+    if tcfg.compile:
+        model = torch.compile(model)
+    if ddp:
+        model = DDP(model, device_ids=[int(device.split(":")[1])] if device_type == "cuda" else None)
+
+    if master:
+        os.makedirs(tcfg.out_dir, exist_ok=True)
+        print(f"{raw_model.num_params() / 1e6:.2f}M parameters, layers {''.join(mcfg.schedule[i % len(mcfg.schedule)] for i in range(mcfg.n_layer))}, "
+              f"window {mcfg.window}, device {device}, {dtype}, {world} process(es)")
+    logger = Logger(os.path.join(tcfg.out_dir, "tb"), tcfg.tensorboard and master)
+    val_batches = data.val_batches(tcfg.batch_size, tcfg.eval_iters)
+    tokens_per_iter = tcfg.batch_size * mcfg.block_size * tcfg.grad_accum * world
+    history, result = [], {}
+
+    def checkpoint_state():
+        rng_data = generator.get_state()
+        if ddp:
+            gathered = [None] * world
+            dist.all_gather_object(gathered, rng_data)
+            rng_data = gathered
+        return {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
+                "model_config": asdict(mcfg), "train_config": asdict(tcfg), "iter_num": iter_num,
+                "best_val_loss": best_val, "data_meta": data.meta,
+                "rng": {"torch": torch.get_rng_state(), "data": rng_data,
+                        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}}
+
+    def eval_and_save():
+        nonlocal best_val
+        val_loss, stats = evaluate(raw_model, [(x.to(device), y.to(device)) for x, y in val_batches], autocast)
+        best_val = min(best_val, val_loss)
+        result.update(val_loss=val_loss, routing=stats)
+        if master:
+            tqdm.write(f"step {iter_num}: val loss {val_loss:.4f} | {format_routing(stats)}")
+            logger.scalars(iter_num, {"val/loss": val_loss})
+            logger.routing(iter_num, "val_routing", stats, mcfg.kinds)
+        state = checkpoint_state() if tcfg.save_checkpoint else None
+        if master and state is not None:
+            save_checkpoint(ckpt_path, state)
+
+    bar = tqdm(total=tcfg.max_iters, initial=iter_num, disable=not (master and tcfg.progress_bar and sys.stderr.isatty()),
+               dynamic_ncols=True, leave=False)
+    t_last, iters_timed = time.time(), 0
+    while iter_num < tcfg.max_iters:
+        if iter_num % tcfg.eval_interval == 0:
+            eval_and_save()
+            t_last, iters_timed = time.time(), 0
+        lr, lam = lr_at(iter_num, tcfg), router_lambda_at(iter_num, tcfg)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        force_global = bool(torch.rand((), generator=generator) < tcfg.p_dense)
+        for micro in range(tcfg.grad_accum):
+            x, y = data.train_batch(tcfg.batch_size, generator)
+            x, y = x.to(device), y.to(device)
+            sync = not ddp or micro == tcfg.grad_accum - 1
+            with (nullcontext() if sync else model.no_sync()), autocast:
+                out = model(x, y, penalty_weight=lam, force_global=force_global)
+                (out.loss / tcfg.grad_accum).backward()
+        if tcfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(raw_model.parameters(), tcfg.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        history.append(out.loss.item())
+        iter_num += 1
+        iters_timed += 1
+        bar.update(1)
+        if master and (iter_num % tcfg.log_interval == 0 or iter_num == tcfg.max_iters):
+            dt = (time.time() - t_last) / iters_timed
+            stats = routing_stats(out, raw_model.config)
+            eta = dt * (tcfg.max_iters - iter_num)
+            tok_s = tokens_per_iter / dt
+            tqdm.write(f"iter {iter_num}: loss {out.loss.item():.4f} (lm {out.lm_loss.item():.4f}, penalty "
+                       f"{out.penalty.item():.3f} x {lam:.2g}) | {format_routing(stats)}"
+                       f"{' [forced global]' if force_global else ''} | lr {lr:.2e} | {tok_s:,.0f} tok/s | "
+                       f"ETA {eta / 60:.1f} min")
+            logger.scalars(iter_num, {"train/loss": out.loss.item(), "train/lm_loss": out.lm_loss.item(),
+                                      "train/penalty": out.penalty.item(), "train/lambda": lam, "train/lr": lr,
+                                      "train/tokens_per_s": tok_s})
+            logger.routing(iter_num, "train_routing", stats, mcfg.kinds)
+            t_last, iters_timed = time.time(), 0
+    bar.close()
+    eval_and_save()
+    logger.close()
+    if ddp:
+        dist.destroy_process_group()
+    result["losses"] = history
+    return result
+
+
+def configure_optimizer(model, cfg, device_type):
+    """AdamW; weight decay on matrices only (not on norms, biases or the router's bias)."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2),
+                             fused=device_type == "cuda")
+
+
+def main(argv):
+    try:
+        tcfg, mcfg = parse_args(argv, TrainConfig, GPTConfig)
+    except ConfigError as e:
+        sys.exit(f"config error: {e}")
+    train(tcfg, mcfg)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
