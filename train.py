@@ -159,14 +159,17 @@ class Logger:
 
 @torch.no_grad()
 def evaluate(model, batches, autocast):
-    """Mean val LM loss and routing statistics over the fixed val batches."""
+    """Mean val LM loss and routing statistics over the fixed val batches. Runs on a forked, fixed RNG
+    (random routing draws from it), so evaluating neither changes training nor varies between calls."""
     model.eval()
     losses, stats = [], []
-    for x, y in batches:
-        with autocast:
-            out = model(x, y)
-        losses.append(out.lm_loss.item())
-        stats.append(routing_stats(out, model.config))
+    with torch.random.fork_rng(devices=[torch.cuda.current_device()] if torch.cuda.is_available() else []):
+        torch.manual_seed(0)
+        for x, y in batches:
+            with autocast:
+                out = model(x, y)
+            losses.append(out.lm_loss.item())
+            stats.append(routing_stats(out, model.config))
     model.train()
     mean = {k: torch.stack([s[k].float().cpu() for s in stats]).mean(0) for k in stats[0]}
     return sum(losses) / len(losses), mean
