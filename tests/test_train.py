@@ -109,3 +109,15 @@ def test_train_and_sample_command_lines(tmp_path, tiny_corpus):
     assert "heads that went global" in sampled.stdout and "\x1b[48;5;" in sampled.stdout
     bad = run("train.py", "configs/quickstart.py", "--max_iter=3")
     assert bad.returncode != 0 and "did you mean max_iters" in bad.stderr
+
+
+def test_ddp_two_processes_on_cpu(tmp_path, tiny_corpus):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                             "train.py", "configs/quickstart.py", f"--data_dir={tiny_corpus}",
+                             f"--out_dir={tmp_path}", "--max_iters=2", "--eval_iters=1", "--block_size=32",
+                             "--window=8", "--n_layer=1", "--log_interval=1", "--tensorboard=False"],
+                            cwd=root, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "2 process(es)" in result.stdout and "iter 2: loss" in result.stdout
+    assert train.load_checkpoint(str(tmp_path), "cpu")["iter_num"] == 2
