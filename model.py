@@ -248,9 +248,12 @@ class GPT(nn.Module):
     def num_params(self):
         return sum(p.numel() for p in self.parameters())
 
-    def forward(self, idx, targets=None, penalty_weight=0.0, force_global=False, cache=None):
-        """idx: (B, T) token ids. targets: (B, T), -1 = ignored. force_global: every routed head of this
-        call runs full attention (the router still gets its straight-through gradient).
+    def forward(self, idx, targets=None, penalty_weight=0.0, router_budget=0.0, force_global=False, cache=None):
+        """idx: (B, T) token ids. targets: (B, T), -1 = ignored. The loss adds
+        penalty_weight * max(0, penalty - router_budget), where penalty is the mean router probability: with
+        the default budget 0 a plain L1 push towards local, with a budget no push below that global rate.
+        force_global: every routed head of this call runs full attention (the router still gets its
+        straight-through gradient).
         cache: list of LayerCache (generation); positions continue from what the cache has seen."""
         B, T = idx.shape
         start = cache[0].length if cache else 0
@@ -270,7 +273,8 @@ class GPT(nn.Module):
         lm_loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
         routed_p = [p.mean() for p in probs if p is not None]
         penalty = torch.stack(routed_p).mean() if routed_p else lm_loss.new_zeros(())
-        return GPTOutput(logits, lm_loss + penalty_weight * penalty, lm_loss, penalty, gates, probs, T)
+        loss = lm_loss + penalty_weight * torch.clamp(penalty - router_budget, min=0.0)
+        return GPTOutput(logits, loss, lm_loss, penalty, gates, probs, T)
 
     def new_cache(self):
         cfg = self.config

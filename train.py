@@ -42,7 +42,9 @@ class TrainConfig:
     router_lambda: float = 0.01          # weight of the L1 router penalty (mean router probability)
     router_lambda_start: int = 0         # penalty is zero before this step ...
     router_lambda_ramp: int = 200        # ... then ramps linearly to router_lambda over this many steps
+    router_budget: float = 0.0           # no penalty while the mean router probability is below this
     p_dense: float = 0.0                 # probability that a step runs every routed head globally
+    collapse_frac: float = 0.005         # warn when a routed layer's global fraction falls below this
     eval_interval: int = 250
     eval_iters: int = 20
     log_interval: int = 10
@@ -175,6 +177,19 @@ def evaluate(model, batches, autocast):
     return sum(losses) / len(losses), mean
 
 
+def warn_collapse(stats, kinds, threshold, step):
+    """A routed layer whose heads (almost) never go global gets no gradient through its full-attention path,
+    so it rarely recovers: say so loudly, with what to try."""
+    collapsed = [i for i, kind in enumerate(kinds)
+                 if kind == "routed" and stats["global_frac"][i].mean().item() < threshold]
+    if collapsed:
+        layers = ", ".join(f"{i} ({100 * stats['global_frac'][i].mean().item():.2f}% global, mean p "
+                           f"{stats['mean_p'][i].mean().item():.3f})" for i in collapsed)
+        tqdm.write(f"WARNING step {step}: router collapse in layer(s) {layers}: global attention is switched off. "
+                   "Try p_dense > 0, a later router_lambda_start, a longer ramp or router_budget > 0.")
+    return collapsed
+
+
 def format_routing(stats):
     frac = stats["routed_global_frac"].item()
     glob = "" if math.isnan(frac) else f"global {100 * frac:.1f}% "
@@ -257,6 +272,7 @@ def train(tcfg, mcfg):
         result.update(val_loss=val_loss, routing=stats)
         if master:
             tqdm.write(f"step {iter_num}: val loss {val_loss:.4f} | {format_routing(stats)}")
+            warn_collapse(stats, mcfg.kinds, tcfg.collapse_frac, iter_num)
             logger.scalars(iter_num, {"val/loss": val_loss})
             logger.routing(iter_num, "val_routing", stats, mcfg.kinds)
         state = checkpoint_state() if tcfg.save_checkpoint else None
@@ -279,7 +295,7 @@ def train(tcfg, mcfg):
             x, y = x.to(device), y.to(device)
             sync = not ddp or micro == tcfg.grad_accum - 1
             with (nullcontext() if sync else model.no_sync()), autocast:
-                out = model(x, y, penalty_weight=lam, force_global=force_global)
+                out = model(x, y, penalty_weight=lam, router_budget=tcfg.router_budget, force_global=force_global)
                 (out.loss / tcfg.grad_accum).backward()
         if tcfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(raw_model.parameters(), tcfg.grad_clip)

@@ -133,3 +133,17 @@ def test_config_rejects_bad_values():
                 {"n_embd": 30}):
         with pytest.raises(ValueError):
             small_config(**bad)
+
+
+def test_router_budget_removes_the_push_below_the_budget():
+    torch.manual_seed(0)
+    model = GPT(small_config(schedule="R", router_init_std=0.5))
+    x = tokens()
+    out = model(x, x, penalty_weight=1.0, router_budget=out_p(model, x) + 0.01)
+    torch.testing.assert_close(out.loss, out.lm_loss)
+    out = model(x, x, penalty_weight=1.0, router_budget=0.1)
+    torch.testing.assert_close(out.loss, out.lm_loss + out.penalty - 0.1)
+
+
+def out_p(model, x):
+    return model(x, x).penalty.item()

@@ -121,3 +121,11 @@ def test_ddp_two_processes_on_cpu(tmp_path, tiny_corpus):
     assert result.returncode == 0, result.stderr[-2000:]
     assert "2 process(es)" in result.stdout and "iter 2: loss" in result.stdout
     assert train.load_checkpoint(str(tmp_path), "cpu")["iter_num"] == 2
+
+
+def test_collapse_is_reported(capsys):
+    kinds = ["routed", "routed", "local"]
+    stats = {"global_frac": torch.tensor([[0.0, 0.001], [0.3, 0.2], [0.0, 0.0]]),
+             "mean_p": torch.tensor([[0.01, 0.02], [0.4, 0.3], [float("nan")] * 2])}
+    assert train.warn_collapse(stats, kinds, 0.005, step=250) == [0]
+    assert "router collapse in layer(s) 0 (0.05% global" in capsys.readouterr().out
