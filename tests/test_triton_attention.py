@@ -1,0 +1,159 @@
+"""Triton attention kernels against the explicit-mask reference: forward and every gradient (q, k, v, gate).
+
+Without CUDA the kernels run in Triton's interpreter on the CPU, which is slow, so shapes are small; the
+interpreter uses 16-wide tiles (kernels/triton_common.py) so these shapes still span many tiles. The
+interpreter computes tl.dot wrongly on bf16 operands, so bf16 runs only on a GPU. Inputs are random on every
+run; the seed is in each failure message.
+"""
+import os
+import time
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # must precede the first import of triton
+
+from kernels import attention, reference, triton_attention, triton_common  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TOLERANCE = {torch.float32: 2e-4, torch.float16: 1e-2, torch.bfloat16: 6e-2}
+DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.float16, id="fp16"),
+          pytest.param(torch.bfloat16, id="bf16", marks=pytest.mark.skipif(
+              DEVICE != "cuda", reason="the Triton interpreter computes tl.dot wrongly on bf16; GPU only"))]
+
+
+@pytest.fixture(autouse=True)
+def poisoned_buffers(monkeypatch):
+    """Kernel outputs start as NaN, so any element a kernel forgets to write fails the comparison."""
+    monkeypatch.setattr(triton_common, "poison_buffers", True)
+
+
+@pytest.fixture
+def rng():
+    return torch.Generator().manual_seed(time.time_ns() % 2**31)
+
+
+def make_inputs(rng, B, H, T, D, dtype, global_fraction=0.3, transposed=False):
+    def tensor(*shape):
+        return torch.randn(*shape, generator=rng).to(DEVICE)
+
+    if transposed:  # (B, T, H, D) storage seen as (B, H, T, D), as a model's head split produces it
+        q, k, v = (tensor(B, T, H, D).to(dtype).transpose(1, 2) for _ in range(3))
+    else:
+        q, k, v = (tensor(B, H, T, D).to(dtype) for _ in range(3))
+    gate = (torch.rand(B, H, T, generator=rng) < global_fraction).float().to(DEVICE)
+    return q, k, v, gate, tensor(B, H, T, D).to(dtype)
+
+
+def outputs_and_grads(fn, inputs, grad_out):
+    leaves = [x.detach().clone().requires_grad_() for x in inputs]
+    out = fn(*leaves)
+    out.backward(grad_out)
+    return [out.detach()] + [x.grad for x in leaves]
+
+
+def assert_matches_reference(rng, q, k, v, gate, grad_out, kind, window, n_sink, mode="exact"):
+    """Compares the output and the gradients of q, k, v (and of the gate, for routed attention)."""
+    if kind == "local":
+        inputs = (q, k, v)
+        triton_fn = lambda q, k, v: triton_attention.local_attention(q, k, v, window, n_sink)  # noqa: E731
+        reference_fn = lambda q, k, v: reference.reference_attention(q, k, v, kind, window, n_sink)  # noqa: E731
+    else:
+        inputs = (q, k, v, gate)
+        triton_fn = lambda q, k, v, g: triton_attention.routed_attention(  # noqa: E731
+            q, k, v, g, window, n_sink, mode)
+        reference_fn = lambda q, k, v, g: reference.reference_attention(  # noqa: E731
+            q, k, v, kind, window, n_sink, g, mode)
+    got = outputs_and_grads(triton_fn, inputs, grad_out)
+    # ground truth in fp32 from the same (rounded) inputs
+    want = outputs_and_grads(reference_fn, [x.float() for x in inputs], grad_out.float())
+    tol = TOLERANCE[q.dtype]
+    for name, g, w in zip(("out", "dq", "dk", "dv", "dgate"), got, want):
+        context = f"{name}: seed {rng.initial_seed()}, kind {kind}, mode {mode}, window {window}, n_sink {n_sink}"
+        assert not g.isnan().any(), f"NaN (unwritten or broken) in {context}"
+        # the gate gradient sums D products per token, so it gets a proportionally wider band
+        scale = q.shape[-1] ** 0.5 if name == "dgate" else 1.0
+        torch.testing.assert_close(g.float(), w, atol=tol * scale, rtol=tol, msg=lambda m: f"{context}\n{m}")
+
+
+# Shapes are written in tiles (16 under the interpreter, 64 compiled) so that the off-by-one edges of the loop
+# bounds land on tile boundaries on both.
+TILE = triton_common.launch_config(64)["BLOCK_M"]
+LOCAL_CASES = [  # B, H, T, D, window, n_sink
+    (1, 2, 2 * TILE + 5, 16, TILE // 2, 0),    # T not a multiple of the tile, window smaller than a tile
+    (2, 1, 50, 32, 4 * TILE, 0),               # T < window
+    (1, 2, 3 * TILE + 13, 64, TILE - 1, 4),    # the first sink reached past the window sits on a tile edge
+    (1, 1, 3 * TILE, 128, TILE + 2, TILE + 2), # a key tile's last query ends on a tile edge; n_sink = window
+    (1, 1, TILE + 3, 16, 1, 0),                # window 1: every query sees only itself
+    (1, 1, 1, 16, 4, 2),                       # a single token
+]
+
+
+@pytest.mark.parametrize("B,H,T,D,window,n_sink", LOCAL_CASES)
+def test_local_fp32(rng, B, H, T, D, window, n_sink):
+    q, k, v, gate, grad_out = make_inputs(rng, B, H, T, D, torch.float32)
+    assert_matches_reference(rng, q, k, v, gate, grad_out, "local", window, n_sink)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_local_low_precision_and_strided(rng, dtype):
+    q, k, v, gate, grad_out = make_inputs(rng, 2, 2, 53, 32, dtype, transposed=True)
+    assert_matches_reference(rng, q, k, v, gate, grad_out, "local", 17, 3)
+
+
+def gate_pattern(gate, pattern):
+    """random (30% global, head 0 of batch 0 fully local) | all global | all local."""
+    if pattern == "random":
+        gate[0, 0] = 0.0
+        return gate
+    return torch.full_like(gate, 1.0 if pattern == "all_global" else 0.0)
+
+
+ROUTED_CASES = [  # B, H, T, D, window, n_sink, gate pattern
+    (2, 2, 3 * TILE + 11, 16, TILE - 4, 0, "random"),
+    (1, 2, 40, 32, 4 * TILE, 2, "random"),        # T < window
+    (1, 2, 4 * TILE + 3, 64, TILE + 2, 3, "random"),  # about 1.2 tiles of compacted global queries per head
+    (1, 2, 2 * TILE + 3, 128, TILE, 0, "random"),
+    (2, 1, 45, 32, 10, 2, "all_global"),
+    (1, 2, 45, 32, 10, 2, "all_local"),
+]
+
+
+@pytest.mark.parametrize("mode", ["sparse", "exact"])
+@pytest.mark.parametrize("B,H,T,D,window,n_sink,pattern", ROUTED_CASES)
+def test_routed_fp32(rng, mode, B, H, T, D, window, n_sink, pattern):
+    q, k, v, gate, grad_out = make_inputs(rng, B, H, T, D, torch.float32)
+    gate = gate_pattern(gate, pattern)
+    assert_matches_reference(rng, q, k, v, gate, grad_out, "routed", window, n_sink, mode)
+
+
+@pytest.mark.parametrize("mode", ["sparse", "exact"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_routed_low_precision_and_strided(rng, mode, dtype):
+    q, k, v, gate, grad_out = make_inputs(rng, 2, 2, 57, 64, dtype, global_fraction=0.2, transposed=True)
+    assert_matches_reference(rng, q, k, v, gate, grad_out, "routed", 11, 2, mode)
+
+
+def test_routed_sparse_single_late_global_token(rng):
+    """One gated query, the last, first in its key tile: its compacted tile must read every key tile, and every
+    key tile gets dK/dV from it."""
+    q, k, v, gate, grad_out = make_inputs(rng, 1, 1, 4 * TILE + 1, 16, torch.float32)
+    gate = torch.zeros_like(gate)
+    gate[..., -1] = 1.0
+    assert_matches_reference(rng, q, k, v, gate, grad_out, "routed", 5, 0, "sparse")
+
+
+@pytest.mark.parametrize("kind,mode", [("local", "exact"), ("routed", "exact"), ("routed", "sparse")])
+def test_entry_point_triton_matches_torch(rng, kind, mode):
+    q, k, v, gate, _ = make_inputs(rng, 2, 2, 48, 32, torch.float32)
+    common = dict(kind=kind, window=10, n_sink=2, gate=gate, mode=mode)
+    got = attention(q, k, v, backend="triton", **common)
+    want = attention(q, k, v, backend="torch", **common)
+    torch.testing.assert_close(got, want, atol=2e-4, rtol=2e-4, msg=lambda m: f"seed {rng.initial_seed()}\n{m}")
+
+
+def test_rejects_unsupported_head_dim():
+    q = torch.zeros(1, 1, 8, 24, device=DEVICE)
+    with pytest.raises(ValueError, match="head dims"):
+        triton_attention.local_attention(q, q, q, 4)
