@@ -157,3 +157,67 @@ def test_rejects_unsupported_head_dim():
     q = torch.zeros(1, 1, 8, 24, device=DEVICE)
     with pytest.raises(ValueError, match="head dims"):
         triton_attention.local_attention(q, q, q, 4)
+
+
+NAN_INPUTS = pytest.mark.filterwarnings("ignore:All-NaN slice:RuntimeWarning")  # the interpreter's numpy notices
+
+
+def poisoned(x, rows):
+    """Copy of x with the given positions (dim 2) set to NaN: a kernel that reads them spreads NaN."""
+    x = x.clone()
+    x[:, :, rows] = float("nan")
+    return x
+
+
+@NAN_INPUTS
+def test_local_reads_only_its_window_and_sinks(rng):
+    """Work bounded by the window: NaN outside a tile's reach must not leak into that tile's results."""
+    T, window, n_sink = 8 * TILE, TILE, 2
+    q, k, v, _, grad_out = make_inputs(rng, 1, 2, T, 32, torch.float32)
+
+    def local(q, k, v):
+        return triton_attention.local_attention(q, k, v, window, n_sink)
+
+    want = outputs_and_grads(lambda q, k, v: reference.reference_attention(q, k, v, "local", window, n_sink),
+                             (q, k, v), grad_out)
+    # the last query tile reads the sinks and key tiles 6, 7 only (forward and dQ)
+    far_keys = slice(n_sink, 6 * TILE)
+    out, dq, _, _ = outputs_and_grads(local, (q, poisoned(k, far_keys), poisoned(v, far_keys)), grad_out)
+    last = slice(7 * TILE, T)
+    torch.testing.assert_close(out[:, :, last], want[0][:, :, last], atol=2e-4, rtol=2e-4)
+    torch.testing.assert_close(dq[:, :, last], want[1][:, :, last], atol=2e-4, rtol=2e-4)
+    # key tile 1 is in the window of queries up to 3 * TILE - 2 only (dK, dV)
+    far_queries = slice(3 * TILE, T)
+    _, _, dk, dv = outputs_and_grads(local, (poisoned(q, far_queries), k, v), poisoned(grad_out, far_queries))
+    tile_1 = slice(TILE, 2 * TILE)
+    torch.testing.assert_close(dk[:, :, tile_1], want[2][:, :, tile_1], atol=2e-4, rtol=2e-4)
+    torch.testing.assert_close(dv[:, :, tile_1], want[3][:, :, tile_1], atol=2e-4, rtol=2e-4)
+
+
+@NAN_INPUTS
+def test_sparse_global_skips_unreachable_tiles(rng):
+    """Compacted global queries: a tile reads keys only up to its largest true position, and a key tile's
+    dK/dV skips compacted tiles that end before it."""
+    T, window = 8 * TILE, 4
+    q, k, v, gate, grad_out = make_inputs(rng, 1, 1, T, 16, torch.float32)
+    gate = torch.zeros_like(gate)
+    gate[..., :TILE] = 1.0            # compacted tile 0: positions 0 .. TILE-1
+    gate[..., 6 * TILE + 3] = 1.0     # compacted tile 1: one late position
+
+    def routed(q, k, v, gate):
+        return triton_attention.routed_attention(q, k, v, gate, window, 0, "sparse")
+
+    want = outputs_and_grads(lambda q, k, v, g: reference.reference_attention(
+        q, k, v, "routed", window, 0, g, "sparse"), (q, k, v, gate), grad_out)
+    # keys past tile 1 are beyond every early global query (and beyond every early local window)
+    late = slice(2 * TILE, T)
+    out, dq, _, _, dgate = outputs_and_grads(routed, (q, poisoned(k, late), poisoned(v, late), gate), grad_out)
+    early = slice(0, TILE)
+    for got, expected in ((out, want[0]), (dq, want[1])):
+        torch.testing.assert_close(got[:, :, early], expected[:, :, early], atol=2e-4, rtol=2e-4)
+    torch.testing.assert_close(dgate[..., early], want[4][..., early], atol=1e-3, rtol=2e-4)
+    # key tile 3 must skip compacted tile 0, whose queries (and their gradients) are poisoned
+    _, _, dk, dv, _ = outputs_and_grads(routed, (poisoned(q, early), k, v, gate), poisoned(grad_out, early))
+    tile_3 = slice(3 * TILE, 4 * TILE)
+    torch.testing.assert_close(dk[:, :, tile_3], want[2][:, :, tile_3], atol=2e-4, rtol=2e-4)
+    torch.testing.assert_close(dv[:, :, tile_3], want[3][:, :, tile_3], atol=2e-4, rtol=2e-4)
