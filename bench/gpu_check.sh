@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# On a CUDA machine, within 10 minutes: the Triton kernel tests compiled (no interpreter, bf16 included),
+# then the attention benchmark table. Everything goes to bench/results/<date>-<gpu name>.md.
+#   bash bench/gpu_check.sh            (PYTHON=... to pick the interpreter; default python3)
+# Time plan: tests <= 3 min, benchmark <= 5 min (it starts no new group after 4), 2 min left for the
+# end-to-end training comparison below.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+unset TRITON_INTERPRET  # the point is to run the kernels compiled
+
+if ! gpu=$($PY -c "import torch; assert torch.cuda.is_available(); print(torch.cuda.get_device_name())" 2>/dev/null); then
+    echo "bench/gpu_check.sh needs a CUDA GPU visible to $PY" >&2
+    exit 1
+fi
+mkdir -p bench/results
+report="bench/results/$(date +%F)-$(echo "$gpu" | tr -c 'A-Za-z0-9._\n-' '-').md"
+table=$(mktemp)
+status=0
+
+{
+    echo "# GPU check, $(date '+%F %T'), $gpu"
+    echo
+    echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (with uncommitted changes)')"
+    $PY -c "import torch, triton; print(f'torch {torch.__version__}, triton {triton.__version__}, CUDA {torch.version.cuda}')"
+    echo
+    echo "## Kernel tests (compiled)"
+    echo
+    echo '```'
+} >"$report"
+timeout 180 $PY -m pytest -q -rs tests/test_triton_attention.py 2>&1 | tail -n 40 | tee -a "$report" || status=1
+echo '```' >>"$report"
+
+echo >>"$report"
+timeout 300 $PY bench/attention.py --budget_s 240 --out "$table" || status=1
+cat "$table" >>"$report"
+rm -f "$table"
+
+# ---- end-to-end training comparison (dense vs routed vs local, bench/train_speed.py): to be added here ----
+
+echo "wrote $report"
+exit $status
