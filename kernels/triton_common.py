@@ -39,8 +39,11 @@ def launch_config(head_dim):
 
 
 def dot_precision(dtype):
-    """fp32 inputs get exact fp32 products (tests compare them tightly); 16-bit inputs ignore the setting."""
-    return "ieee" if dtype == torch.float32 else "tf32"
+    """fp32 inputs follow torch.set_float32_matmul_precision, as torch's own matmuls do: exact fp32 products
+    by default ("highest"), TF32 tensor cores when allowed. 16-bit inputs ignore the setting."""
+    if dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest":
+        return "ieee"
+    return "tf32"
 
 
 def check_inputs(q, k, v):
