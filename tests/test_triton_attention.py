@@ -6,13 +6,16 @@ interpreter computes tl.dot wrongly on bf16 operands, so bf16 runs only on a GPU
 run; the seed is in each failure message.
 """
 import os
+import sys
 import time
 
 import pytest
 import torch
 
 if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"  # must precede the first import of triton
+    # triton.jit picks the interpreter when a kernel is defined, so this must come before the kernels' import
+    assert "kernels.triton_common" not in sys.modules, "Triton kernels were imported before TRITON_INTERPRET=1"
+    os.environ["TRITON_INTERPRET"] = "1"
 
 from kernels import attention, reference, triton_attention, triton_common  # noqa: E402
 
@@ -57,14 +60,21 @@ def assert_matches_reference(rng, q, k, v, gate, grad_out, kind, window, n_sink,
     """Compares the output and the gradients of q, k, v (and of the gate, for routed attention)."""
     if kind == "local":
         inputs = (q, k, v)
-        triton_fn = lambda q, k, v: triton_attention.local_attention(q, k, v, window, n_sink)  # noqa: E731
-        reference_fn = lambda q, k, v: reference.reference_attention(q, k, v, kind, window, n_sink)  # noqa: E731
+
+        def triton_fn(q, k, v):
+            return triton_attention.local_attention(q, k, v, window, n_sink)
+
+        def reference_fn(q, k, v):
+            return reference.reference_attention(q, k, v, "local", window, n_sink)
     else:
         inputs = (q, k, v, gate)
-        triton_fn = lambda q, k, v, g: triton_attention.routed_attention(  # noqa: E731
-            q, k, v, g, window, n_sink, mode)
-        reference_fn = lambda q, k, v, g: reference.reference_attention(  # noqa: E731
-            q, k, v, kind, window, n_sink, g, mode)
+
+        def triton_fn(q, k, v, gate):
+            return triton_attention.routed_attention(q, k, v, gate, window, n_sink, mode)
+
+        def reference_fn(q, k, v, gate):
+            return reference.reference_attention(q, k, v, "routed", window, n_sink, gate, mode)
+
     got = outputs_and_grads(triton_fn, inputs, grad_out)
     # ground truth in fp32 from the same (rounded) inputs
     want = outputs_and_grads(reference_fn, [x.float() for x in inputs], grad_out.float())
