@@ -1,28 +1,60 @@
-"""Token files shared by every corpus: <dir>/train.bin, <dir>/val.bin (flat arrays of token ids, documents
-separated by the end-of-text token) and <dir>/meta.json describing them."""
+"""Token files shared by every corpus and task: <dir>/<split>.bin (a flat array of token ids, each document
+followed by the end-of-text token), optional per-token arrays <dir>/<split>.<name>.bin aligned with it, and
+<dir>/meta.json describing them. Also the encodings that turn text into token ids."""
 import json
 import os
 
 import numpy as np
+
+TIKTOKEN_ENCODINGS = ("gpt2", "cl100k_base", "o200k_base", "r50k_base", "p50k_base")
+ENCODINGS = ("gpt2", "cl100k_base", "o200k_base", "bytes", "char")
 
 
 def token_dtype(vocab_size):
     return np.uint16 if vocab_size <= 2 ** 16 else np.uint32
 
 
+def token_path(data_dir, split, array=None):
+    return os.path.join(data_dir, f"{split}.bin" if array is None else f"{split}.{array}.bin")
+
+
+class TokenWriter:
+    """Streams arrays to a file through <path>.tmp, renamed into place only when the block exits without an
+    error: an interrupted run never leaves a half-written file under the real name, and a re-run replaces."""
+
+    def __init__(self, path, dtype):
+        self.path, self.dtype = path, np.dtype(dtype)
+        self.count = 0
+
+    def __enter__(self):
+        self.file = open(self.path + ".tmp", "wb")
+        return self
+
+    def write(self, array):
+        array = np.asarray(array)
+        if array.size and (array.min() < 0 or array.max() > np.iinfo(self.dtype).max):
+            raise ValueError(f"{self.path}: values outside the range of {self.dtype}")
+        self.file.write(array.astype(self.dtype, copy=False).tobytes())
+        self.count += array.size
+
+    def __exit__(self, error_type, error, traceback):
+        self.file.close()
+        if error_type is None:
+            os.replace(self.path + ".tmp", self.path)
+        else:
+            os.remove(self.path + ".tmp")
+
+
 def write_tokens(out_dir, split, documents, dtype, eot_token):
-    """Write documents (iterable of int arrays) to <out_dir>/<split>.bin, replacing any previous file.
-    Streams to a temporary file and renames it, so an interrupted run never leaves half a corpus."""
-    path = os.path.join(out_dir, f"{split}.bin")
-    n_tokens = n_docs = 0
-    with open(path + ".tmp", "wb") as f:
+    """Write documents (iterable of int arrays), each followed by eot_token, to <out_dir>/<split>.bin.
+    Returns (tokens written, documents written)."""
+    n_docs = 0
+    with TokenWriter(token_path(out_dir, split), dtype) as writer:
         for doc in documents:
-            tokens = np.append(np.asarray(doc, dtype=dtype), np.array([eot_token], dtype=dtype))
-            f.write(tokens.tobytes())
-            n_tokens += len(tokens)
+            writer.write(doc)
+            writer.write([eot_token])
             n_docs += 1
-    os.replace(path + ".tmp", path)
-    return n_tokens, n_docs
+    return writer.count, n_docs
 
 
 def write_meta(out_dir, meta):
@@ -44,10 +76,75 @@ def read_meta(data_dir):
             raise ValueError(f"{path} is corrupt ({e}); run the corpus's prepare.py again") from None
 
 
-def codec(encoding):
-    """(encode, decode) for an encoding name from meta.json: 'bytes' or a tiktoken encoding."""
-    if encoding == "bytes":
-        return (lambda text: list(text.encode("utf-8"))), (lambda ids: bytes(ids).decode("utf-8", errors="replace"))
+def load_tiktoken(name):
+    """A tiktoken encoding; when its files can be neither found in the cache nor downloaded, an error that
+    says where tiktoken looked and how to fix it."""
     import tiktoken
-    enc = tiktoken.get_encoding(encoding)
-    return (lambda text: enc.encode(text, allowed_special="all")), enc.decode
+    try:
+        return tiktoken.get_encoding(name)
+    except (OSError, ValueError) as e:  # no network (requests' errors are OSErrors), or a corrupt download
+        cache = os.environ.get("TIKTOKEN_CACHE_DIR")
+        where = f"TIKTOKEN_CACHE_DIR={cache} does not hold them" if cache else "TIKTOKEN_CACHE_DIR is not set"
+        raise RuntimeError(
+            f"tiktoken could not load the files of the {name!r} encoding ({type(e).__name__}: {e}); {where}. "
+            f"Online, tiktoken downloads them once into its cache. Offline, run "
+            f"`TIKTOKEN_CACHE_DIR=DIR python -c \"import tiktoken; tiktoken.get_encoding('{name}')\"` on a machine "
+            f"with internet, copy DIR here and set TIKTOKEN_CACHE_DIR=DIR") from None
+
+
+class Encoder:
+    """One encoding: vocab_size, eot_token, encode(text) -> np.ndarray of ids (special-token text such as
+    '<|endoftext|>' inside a document is encoded as ordinary text, so only the preparer writes end-of-text
+    tokens), decode(ids) -> str.
+
+    'bytes': UTF-8 bytes, vocab 256; the end-of-text token is byte 0 (NUL), removed from the text.
+    'char': one id per character of `chars` (the corpus's character set, kept in meta.json), end-of-text last.
+    Others: tiktoken encodings."""
+
+    def __init__(self, name, chars=None):
+        if name not in ENCODINGS + TIKTOKEN_ENCODINGS:
+            raise ValueError(f"unknown encoding {name!r}; choose one of {', '.join(ENCODINGS)}")
+        self.name, self.chars = name, chars
+        if name == "bytes":
+            self.vocab_size, self.eot_token = 256, 0
+        elif name == "char":
+            if not chars:
+                raise ValueError("the 'char' encoding needs the corpus's character set (meta.json 'chars')")
+            self.codepoints = np.array([ord(c) for c in chars])
+            if np.any(np.diff(self.codepoints) <= 0):
+                raise ValueError("'chars' must be sorted and without repeats")
+            self.vocab_size, self.eot_token = len(chars) + 1, len(chars)
+        else:
+            self.tiktoken = load_tiktoken(name)
+            self.vocab_size, self.eot_token = self.tiktoken.n_vocab, self.tiktoken.eot_token
+        self.dtype = token_dtype(self.vocab_size)
+
+    def encode(self, text):
+        if self.name == "bytes":
+            return np.frombuffer(text.encode("utf-8").replace(b"\0", b""), dtype=np.uint8).astype(self.dtype)
+        if self.name == "char":
+            codepoints = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+            ids = np.searchsorted(self.codepoints, codepoints).clip(max=len(self.codepoints) - 1)
+            unknown = self.codepoints[ids] != codepoints
+            if unknown.any():
+                raise ValueError(f"character {chr(codepoints[unknown][0])!r} is not in the char vocabulary")
+            return ids.astype(self.dtype)
+        return np.array(self.tiktoken.encode_ordinary(text), dtype=self.dtype)
+
+    def decode(self, ids):
+        ids = [int(i) for i in ids]
+        if self.name == "bytes":
+            return bytes(ids).decode("utf-8", errors="replace")
+        if self.name == "char":
+            return "".join(self.chars[i] if i < len(self.chars) else "<|endoftext|>" for i in ids)
+        return self.tiktoken.decode(ids)
+
+
+def codec(encoding, chars=None):
+    """(encode, decode) for prompts and samples; encoding and chars as in meta.json."""
+    if encoding == "synthetic":  # task token ids (data/synthetic/), written as numbers
+        return (lambda text: [int(t) for t in text.split()]), (lambda ids: " ".join(str(int(i)) for i in ids))
+    encoder = Encoder(encoding, chars)
+    if encoding in ("bytes", "char"):
+        return (lambda text: encoder.encode(text).tolist()), encoder.decode
+    return (lambda text: encoder.tiktoken.encode(text, allowed_special="all")), encoder.decode
