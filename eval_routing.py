@@ -1,0 +1,127 @@
+"""Score a checkpoint on a synthetic task (data/synthetic/): accuracy on the answer tokens, and how well its
+routers pick the tokens that need global attention, against the task's needs_global labels.
+
+    python eval_routing.py --out_dir=out/recall --data_dir=data/recall [--max_examples=500] [--router_threshold=0.7]
+
+A token counts as routed global in a layer when any head of the layer attended globally for it; the table also
+lists each head. Precision: of the tokens routed global, the fraction that need it; recall: of the tokens that
+need it, the fraction routed global. Tokens whose need is unknown (mixed-in real text) count in neither, but in
+the global fraction. Labels describe the prediction of a target, so they are aligned with the query position
+that makes it, where the router decides.
+"""
+import math
+import sys
+from dataclasses import dataclass
+
+import torch
+
+from configurator import ConfigError, parse_args
+from data.loader import TokenData
+from data.synthetic.tasks import UNKNOWN_LABEL
+from sample import load_model
+from train import pick_device
+
+
+@dataclass
+class EvalConfig:
+    out_dir: str = "out"            # the checkpoint's folder (or a ckpt.pt path)
+    data_dir: str = ""              # a task prepared by data/synthetic/prepare.py
+    split: str = "val"
+    max_examples: int = 500         # the first ones of the split
+    batch_size: int = 16
+    device: str = "auto"
+    router_threshold: float | None = None  # override the trained threshold
+
+
+def routing_counts(gate, labels):
+    """[routed global and needed, global not needed, needed not global, routed global, tokens] over (B, T)."""
+    known, needed = labels != UNKNOWN_LABEL, labels == 1
+    return torch.tensor([(gate & needed).sum(), (gate & known & ~needed).sum(), (~gate & needed).sum(),
+                         gate.sum(), gate.numel()], dtype=torch.float64)
+
+
+def ratio(a, b):
+    return (a / b).item() if b > 0 else math.nan
+
+
+@torch.no_grad()
+def evaluate_routing(model, data, split="val", max_examples=500, batch_size=16):
+    """Answer accuracy (all, and split by whether the answer needs global context) and per routed layer the
+    global fraction, precision and recall of its routing, for the layer ('any' head) and each head."""
+    if "needs_global" not in data.arrays or "answer" not in data.arrays:
+        raise ValueError(f"{data.data_dir} has no answer/needs_global labels: evaluate on a task written by "
+                         f"data/synthetic/prepare.py")
+    device = next(model.parameters()).device
+    starts = data.starts[split][:max_examples].tolist()
+    answers = torch.zeros(3, 2, dtype=torch.float64)  # rows: within window, needs global, unknown; (correct, all)
+    counts = {}
+    model.eval()
+    with torch.random.fork_rng(devices=[]):  # random routing draws from the global RNG: the same draws each run
+        torch.manual_seed(0)
+        for i in range(0, len(starts), batch_size):
+            batch = starts[i:i + batch_size]
+            x, y = data.batch(split, batch)
+            targets = data.windows(split, batch, 1)
+            is_answer = data.token_array(split, "answer", batch) == 1
+            labels = data.token_array(split, "needs_global", batch)
+            out = model(x.to(device), y.to(device))
+            correct = out.logits.argmax(-1).cpu() == targets
+            for row, label in enumerate((0, 1, UNKNOWN_LABEL)):
+                chosen = is_answer & (labels == label)
+                answers[row] += torch.tensor([(correct & chosen).sum(), chosen.sum()])
+            for layer, gates in enumerate(out.gates):
+                if gates is None:
+                    continue
+                gates = gates.cpu()
+                for head, gate in [("any", gates.any(1))] + list(enumerate(gates.unbind(1))):
+                    counts[layer, head] = counts.get((layer, head), 0) + routing_counts(gate, labels)
+    total = answers.sum(0)
+    return {
+        "examples": len(starts), "answers": int(total[1]), "accuracy": ratio(total[0], total[1]),
+        "accuracy_within_window": ratio(*answers[0]), "accuracy_needs_global": ratio(*answers[1]),
+        "answers_needs_global": int(answers[1, 1]),
+        "routing": [{"layer": layer, "head": head, "global_frac": ratio(c[3], c[4]), "precision": ratio(c[0], c[0] + c[1]),
+                     "recall": ratio(c[0], c[0] + c[2])} for (layer, head), c in counts.items()],
+    }
+
+
+def percent(value):
+    return "     -" if math.isnan(value) else f"{100 * value:5.1f}%"
+
+
+def format_report(result):
+    lines = [f"{result['examples']} examples, {result['answers']} answer tokens "
+             f"({result['answers_needs_global']} need context beyond the window)",
+             f"answer accuracy {percent(result['accuracy'])}: needs global {percent(result['accuracy_needs_global'])}, "
+             f"within window {percent(result['accuracy_within_window'])}"]
+    if not result["routing"]:
+        return "\n".join(lines + ["no routed layers: nothing to compare with the labels"])
+    lines.append("layer  head  global  precision  recall")
+    for row in result["routing"]:
+        lines.append(f"{row['layer']:5}  {row['head']:>4}  {percent(row['global_frac'])}     "
+                     f"{percent(row['precision'])}  {percent(row['recall'])}")
+    return "\n".join(lines)
+
+
+def main(argv):
+    try:
+        (cfg,) = parse_args(argv, EvalConfig)
+    except ConfigError as e:
+        sys.exit(f"config error: {e}")
+    if not cfg.data_dir:
+        sys.exit("pass --data_dir: the task to evaluate on, as prepared by data/synthetic/prepare.py")
+    model, trained_on = load_model(cfg.out_dir, pick_device(cfg.device), cfg.router_threshold)
+    data = TokenData(cfg.data_dir, model.config.block_size, model.config.vocab_size)
+    print(f"checkpoint {cfg.out_dir}: layers {''.join(model.config.schedule[i % len(model.config.schedule)] for i in range(model.config.n_layer))}, "
+          f"window {model.config.window}, threshold {model.config.router_threshold}; "
+          f"data {cfg.data_dir}: task {data.meta.get('task')}, labels for window {data.meta.get('window')}")
+    if data.meta.get("window") != model.config.window:
+        print(f"note: the labels are for window {data.meta.get('window')}, the model's window is "
+              f"{model.config.window}; prepare the task with --window={model.config.window} for matching labels")
+    if trained_on.get("task") != data.meta.get("task"):
+        print(f"note: the checkpoint was trained on {trained_on.get('task') or trained_on.get('source')}")
+    print(format_report(evaluate_routing(model, data, cfg.split, cfg.max_examples, cfg.batch_size)))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
