@@ -27,6 +27,7 @@ class TrainConfig:
     out_dir: str = "out"
     dataset: str = "python_stdlib"       # reads data/<dataset>/ unless data_dir is set
     data_dir: str = ""
+    doc_aligned_windows: bool = False    # training and val windows start at a document start (data/loader.py)
     init_from: str = "scratch"           # 'scratch', 'resume' (from out_dir), or a checkpoint path to fine-tune
     batch_size: int = 4
     grad_accum: int = 1
@@ -214,7 +215,7 @@ def train(tcfg, mcfg):
     autocast = nullcontext() if dtype == torch.float32 else torch.autocast(device_type, dtype=dtype)
 
     data_dir = tcfg.data_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", tcfg.dataset)
-    data = TokenData(data_dir, mcfg.block_size, mcfg.vocab_size)
+    data = TokenData(data_dir, mcfg.block_size, mcfg.vocab_size, tcfg.doc_aligned_windows)
     ckpt_path = os.path.join(tcfg.out_dir, "ckpt.pt")
 
     torch.manual_seed(tcfg.seed + rank)

@@ -11,12 +11,15 @@ import tiktoken
 import torch
 
 import data.prepare
+import train
+from configurator import parse_args
 from data.fineweb_edu.prepare import main as fineweb_main
 from data.loader import TokenData
 from data.prepare import fetch, prepare, prepare_files
 from data.prepare import main as prepare_main
 from data.shakespeare.prepare import main as shakespeare_main
 from data.tokens import Encoder, read_meta, token_dtype, write_meta
+from model import GPTConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEECHES = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n" * 20
@@ -292,3 +295,13 @@ def test_fineweb_reads_local_files_and_streams_from_the_hub(tmp_path, monkeypatc
     monkeypatch.setitem(sys.modules, "datasets", None)  # not installed
     with pytest.raises(ImportError, match="pip install datasets.*--local"):
         fineweb_main([f"--out_dir={tmp_path / 'hub'}", "--encoding=bytes"])
+
+
+def test_training_with_document_aligned_windows(tmp_path):
+    rng = np.random.default_rng(0)
+    write_corpus(tmp_path / "c", [rng.integers(1, 256, size=rng.integers(5, 80)) for _ in range(60)])
+    args = [f"--data_dir='{tmp_path / 'c'}'", f"--out_dir='{tmp_path / 'out'}'", "--doc_aligned_windows", "--max_iters=2",
+            "--block_size=16", "--window=4", "--n_layer=1", "--n_head=2", "--n_embd=16", "--eval_iters=1",
+            "--tensorboard=False", "--save_checkpoint=False", "--device='cpu'"]
+    result = train.train(*parse_args(args, train.TrainConfig, GPTConfig))
+    assert len(result["losses"]) == 2 and np.isfinite(result["val_loss"])
