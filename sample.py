@@ -63,7 +63,7 @@ def main(argv):
         sys.exit(f"config error: {e}")
     device = pick_device(cfg.device)
     model, meta = load_model(cfg.out_dir, device, cfg.router_threshold)
-    encode, decode = codec(meta["encoding"])
+    encode, decode = codec(meta["encoding"], meta.get("chars"))
     prompt = cfg.start
     if prompt.startswith("FILE:"):
         with open(prompt[5:], encoding="utf-8") as f:
