@@ -36,7 +36,12 @@ timeout 300 $PY bench/attention.py --budget_s 240 --out "$table" || status=1
 cat "$table" >>"$report"
 rm -f "$table"
 
-# ---- end-to-end training comparison (dense vs routed vs local, bench/train_speed.py): to be added here ----
+{
+    echo
+    echo "## End to end: 12 layers, 768 wide, T=8192, w=256 (bench/train_speed.py)"
+    echo
+} >>"$report"
+timeout 150 $PY bench/train_speed.py --steps 5 2>&1 | tee -a "$report" || status=1
 
 echo "wrote $report"
 exit $status

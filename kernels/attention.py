@@ -20,11 +20,15 @@ BACKENDS = ("auto", "reference", "torch", "triton")
 MODES = ("exact", "sparse")
 
 
-def resolve_backend(backend, device):
+TRITON_HEAD_DIMS = (16, 32, 64, 128)
+
+
+def resolve_backend(backend, device, head_dim):
     if backend not in BACKENDS:
         raise ValueError(f"unknown attention backend {backend!r}; choose one of {BACKENDS}")
     if backend == "auto":
-        return "triton" if device.type == "cuda" and _triton_available() else "torch"
+        fits = device.type == "cuda" and head_dim in TRITON_HEAD_DIMS and _triton_available()
+        return "triton" if fits else "torch"
     return backend
 
 
@@ -43,7 +47,7 @@ def attention(q, k, v, kind, window=None, n_sink=0, gate=None, mode="exact", bac
         raise ValueError(f"unknown routed mode {mode!r}; choose one of {MODES}")
     if kind == "routed" and gate is None:
         raise ValueError("routed attention needs a gate of shape (B, H, T)")
-    backend = resolve_backend(backend, q.device)
+    backend = resolve_backend(backend, q.device, q.shape[-1])
     if backend == "reference":
         return reference.reference_attention(q, k, v, kind, window, n_sink, gate, mode)
     if kind == "dense":

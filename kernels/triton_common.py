@@ -11,8 +11,9 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.attention import TRITON_HEAD_DIMS as HEAD_DIMS
+
 LOG2E = 1.0 / math.log(2.0)
-HEAD_DIMS = (16, 32, 64, 128)
 
 # Tests set this: every buffer a kernel must fill completely then starts as NaN, so an element left unwritten
 # shows up in the comparison instead of passing with stale memory.
