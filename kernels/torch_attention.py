@@ -1,114 +1,162 @@
 """Efficient pure-PyTorch attention: runs everywhere (CPU included), same results as kernels/reference.py.
 
-- local: queries in chunks of `window`; each chunk reads only its own keys, the `window` keys before it
-  and the sink keys, so the cost grows with T * window, not T^2.
+- local: queries in chunks; every chunk reads the sinks and the keys from `window` before it to its end,
+  all chunks in one fused SDPA call, so the cost grows with T * window, not T^2.
 - routed, 'exact': full and local outputs for every token (exact straight-through gradient).
-- routed, 'sparse': local output for every token, full output only for gated tokens, which are gathered
-  per (batch, head) into a compact buffer in position order and processed in groups that read keys only
-  up to the group's last true position.
+- routed, 'sparse': local output for every token, full output only for gated tokens (GatedRowsAttention).
 """
 import math
 
 import torch
 import torch.nn.functional as F
 
-from kernels import reference
+LOCAL_CHUNK = 128  # most queries per local chunk: longer chunks read more masked keys
+GATED_GROUP = 32  # gated query rows per matmul group (see GatedRowsAttention; 16 and 64 measured slower)
 
 
 def dense_attention(q, k, v):
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
-def _band_mask(window, n_sink, dtype, device):
-    """Additive (window, n_sink + 2 * window) mask of a steady-state chunk: query r of the chunk reads the
-    sinks and keys r+1 .. r+window of [previous chunk, own chunk]. Shared by every chunk, so SDPA's fused
-    CPU/GPU kernels take it as one broadcast 2D mask."""
-    r = torch.arange(window, device=device)[:, None]
-    j = torch.arange(2 * window, device=device)[None, :]
-    band = (j > r) & (j <= r + window)
-    allowed = torch.cat([band.new_ones(window, n_sink), band], dim=1)
-    return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, float("-inf"))
-
-
 def local_attention(q, k, v, window, n_sink=0):
-    """Sliding-window attention in chunks of `window` queries. The first chunks (where the window or the
-    sinks are cut by the start of the sequence) use an explicit mask; every later chunk reads
-    [sinks, previous chunk, own chunk] under the same band mask."""
+    """Sliding-window attention with sinks. Chunk i holds queries i*c .. i*c+c-1 and reads the sinks and
+    chunks i-m .. i (m = ceil(window / c)) under a mask, all chunks in one SDPA call."""
     B, H, T, D = q.shape
     if n_sink > window:
         raise ValueError(f"n_sink={n_sink} must not exceed window={window}")
-    head = min(T, window if n_sink == 0 else 2 * window)
-    out_head = F.scaled_dot_product_attention(
-        q[:, :, :head], k[:, :, :head], v[:, :, :head],
-        attn_mask=_additive(reference.local_mask(head, window, n_sink, q.device), q.dtype))
-    if head == T:
-        return out_head
-    n_chunks = math.ceil(T / window)
-    pad = n_chunks * window - T
-    kb = F.pad(k, (0, 0, 0, pad)).view(B, H, n_chunks, window, D)
-    vb = F.pad(v, (0, 0, 0, pad)).view(B, H, n_chunks, window, D)
-    first = head // window  # index of the first steady-state chunk
-    keys = [kb[:, :, first - 1:-1], kb[:, :, first:]]
-    values = [vb[:, :, first - 1:-1], vb[:, :, first:]]
-    n = n_chunks - first
+    n_sink = min(n_sink, T)
+    c = min(window, LOCAL_CHUNK)
+    n = math.ceil(T / c)
+    n_prev = math.ceil(window / c)
+    queries = _pad_to(q, n * c).view(B * H, n, c, D)
+    keys = _chunk_keys(k, n, c, n_prev, n_sink)
+    values = _chunk_keys(v, n, c, n_prev, n_sink)
+    out = F.scaled_dot_product_attention(queries, keys, values,
+                                         attn_mask=_local_mask(n, c, n_prev, window, n_sink, q))
+    return out.reshape(B, H, n * c, D)[:, :, :T]
+
+
+def _pad_to(x, length):
+    """Zero-pad dim 2 to `length` (no copy when it already has it)."""
+    return x if x.shape[2] == length else F.pad(x, (0, 0, 0, length - x.shape[2]))
+
+
+def _chunk_keys(x, n, c, n_prev, n_sink):
+    """(B * H, n, n_sink + (n_prev + 1) * c, D): per chunk i, the sinks, then chunks i-n_prev .. i (zeros
+    before position 0)."""
+    B, H, T, D = x.shape
+    chunks = _pad_to(x, n * c).view(B, H, n, c, D)
+    # chunk i - j for every i: shift by j chunks, zeros in front (F.pad crops the end with a negative pad)
+    earlier = [F.pad(chunks, (0, 0, 0, 0, min(j, n), -min(j, n))) for j in range(n_prev, 0, -1)]
+    sinks = [x[:, :, None, :n_sink].expand(B, H, n, n_sink, D)] if n_sink else []
+    return torch.cat(sinks + earlier + [chunks], dim=3).view(B * H, n, -1, D)
+
+
+def _local_mask(n, c, n_prev, window, n_sink, like):
+    """Additive (1, n, c, n_sink + (n_prev + 1) * c) mask in the layout of _chunk_keys (SDPA's fused CPU
+    kernel takes 2D or 4D masks). A window key is read if it exists and is one of the last `window`
+    positions; a sink only if it lies before the window (inside it, it is already read as a window key).
+    Chunks far enough from the start all share one pattern, so only the first ones are computed apart."""
+    device = like.device
+    first = min(n, math.ceil((window + max(n_sink - 1, 0)) / c))  # first chunk with the shared pattern
+    chunk = torch.arange(min(first + 1, n), device=device)[:, None, None]
+    t = chunk * c + torch.arange(c, device=device)[:, None]  # query positions (chunks, c, 1)
+    key_pos = (chunk - n_prev) * c + torch.arange((n_prev + 1) * c, device=device)
+    allowed = (key_pos >= 0) & (key_pos <= t) & (t - key_pos < window)
     if n_sink:
-        keys.insert(0, k[:, :, None, :n_sink].expand(B, H, n, n_sink, D))
-        values.insert(0, v[:, :, None, :n_sink].expand(B, H, n, n_sink, D))
-    qc = F.pad(q[:, :, head:], (0, 0, 0, pad)).reshape(B, H * n, window, D)
-    kc = torch.cat(keys, dim=3).reshape(B, H * n, -1, D)
-    vc = torch.cat(values, dim=3).reshape(B, H * n, -1, D)
-    out = F.scaled_dot_product_attention(qc, kc, vc, attn_mask=_band_mask(window, n_sink, q.dtype, q.device))
-    out = out.view(B, H, n * window, D)[:, :, :T - head]
-    return torch.cat([out_head, out], dim=2)
+        sinks_allowed = torch.arange(n_sink, device=device) <= t - window
+        allowed = torch.cat([sinks_allowed, allowed], dim=2)
+    mask = torch.zeros(allowed.shape, dtype=like.dtype, device=device).masked_fill(~allowed, float("-inf"))
+    if first < n:
+        mask = torch.cat([mask[:first], mask[first:].expand(n - first, -1, -1)])
+    return mask[None]
 
 
-def _additive(allowed, dtype):
-    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, float("-inf"))
+class GatedRowsAttention(torch.autograd.Function):
+    """Full causal attention of gathered query rows, forward and backward written out with matmuls.
+
+    q_rows (B, H, M, D): each (batch, head)'s queries in position order, `pos` (B, H, M) their positions.
+    Rows are taken in groups (`bounds`: first row, end row, lowest and highest position + 1 of the group
+    over all batches and heads); a group reads keys [0, hi) and masks only [lo, hi), where its rows differ.
+    Written out because autograd would turn each group's key slice gradient into a full-size (T) tensor;
+    here the groups' key and value gradients accumulate in place into one buffer."""
+
+    @staticmethod
+    def forward(ctx, q_rows, k, v, pos, bounds):
+        scaled_q = q_rows * q_rows.shape[-1] ** -0.5
+        k_t = k.transpose(-1, -2).contiguous()  # (B, H, D, T): a contiguous right operand is faster
+        out = torch.empty_like(q_rows)
+        probs = []
+        for a, b, lo, hi in bounds:
+            p = _group_probs(scaled_q[:, :, a:b], k_t, pos[:, :, a:b], lo, hi)
+            out[:, :, a:b] = p @ v[:, :, :hi]
+            probs.append(p)
+        ctx.save_for_backward(scaled_q, k, v, out, *probs)
+        ctx.bounds = bounds
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        scaled_q, k, v, out, *probs = ctx.saved_tensors
+        B, H, M, D = scaled_q.shape
+        T = k.shape[2]
+        v_t = v.transpose(-1, -2).contiguous()
+        rowsum = (grad_out * out).sum(-1, keepdim=True)  # sum_j p_j dp_j, the softmax backward's shift
+        grad_q = torch.empty_like(scaled_q)
+        grad_k = k.new_zeros(B * H, T, D)
+        grad_v = v.new_zeros(B * H, T, D)
+        for (a, b, lo, hi), p in zip(ctx.bounds, probs):
+            g = grad_out[:, :, a:b]
+            grad_scores = (g @ v_t[..., :hi]).sub_(rowsum[:, :, a:b]).mul_(p)
+            grad_q[:, :, a:b] = grad_scores @ k[:, :, :hi]
+            rows = b - a
+            grad_k[:, :hi].baddbmm_(grad_scores.view(B * H, rows, hi).transpose(1, 2),
+                                    scaled_q[:, :, a:b].reshape(B * H, rows, D))
+            grad_v[:, :hi].baddbmm_(p.view(B * H, rows, hi).transpose(1, 2), g.reshape(B * H, rows, D))
+        grad_q *= D ** -0.5
+        return grad_q, grad_k.view(B, H, T, D), grad_v.view(B, H, T, D), None, None
 
 
-def _group_count(n_rows):
-    return max(1, min(8, n_rows // 64))
+def _group_probs(scaled_q, k_t, pos, lo, hi):
+    scores = scaled_q @ k_t[..., :hi]
+    future = torch.arange(lo, hi, device=k_t.device) > pos[..., None]
+    scores[..., lo:].masked_fill_(future, float("-inf"))
+    return scores.softmax(-1)
 
 
-def gathered_global_attention(q, k, v, gated):
-    """Full causal attention for the gated queries only. Returns (B, H, T, D), rows of ungated
-    queries hold unspecified values (callers mask them out)."""
-    B, H, T, D = q.shape
+def gated_rows(gated, group=GATED_GROUP):
+    """Positions (B, H, M) of each (batch, head)'s gated tokens in order, M the largest count; shorter rows
+    are padded with their last position (so padding never widens a group's key range), `valid` marks the
+    real ones. Also the group bounds GatedRowsAttention takes."""
     counts = gated.sum(-1)
-    n_max = int(counts.max())
-    if n_max == 0:
-        return torch.zeros_like(q)
-    # stable sort puts gated tokens first, in position order; the first n_max columns are the compacted
-    # queries of each (batch, head), padded with ungated positions
-    order = torch.sort((~gated).to(torch.int8), dim=-1, stable=True).indices[..., :n_max]
-    valid = torch.arange(n_max, device=q.device) < counts[..., None]
-    # padding rows take the position of the last real row so they never widen a group's key range
-    last = order.gather(-1, (counts - 1).clamp(min=0)[..., None])
+    M = int(counts.max())
+    if M == 0:
+        empty = counts.new_zeros(*counts.shape, 0)
+        return empty, empty.bool(), []
+    order = torch.sort((~gated).to(torch.int8), dim=-1, stable=True).indices[..., :M]  # gated first
+    valid = torch.arange(M, device=gated.device) < counts[..., None]
+    last = order.gather(-1, (counts[..., None] - 1).clamp(min=0))
     pos = torch.where(valid, order, last)
-    qg = q.gather(2, order[..., None].expand(B, H, n_max, D))
-    groups = _group_count(n_max)
-    bounds = [round(g * n_max / groups) for g in range(groups + 1)]
-    outs = []
-    for a, b in zip(bounds[:-1], bounds[1:]):
-        p = pos[..., a:b]
-        n_keys = int(p.max()) + 1
-        mask = torch.arange(n_keys, device=q.device) <= p[..., None]
-        outs.append(F.scaled_dot_product_attention(qg[:, :, a:b], k[:, :, :n_keys], v[:, :, :n_keys],
-                                                   attn_mask=mask))
-    og = torch.cat(outs, dim=2)
-    return torch.zeros_like(q).scatter(2, order[..., None].expand(B, H, n_max, D), og)
+    n_groups = math.ceil(M / group)
+    grouped = torch.cat([pos, pos[..., -1:].expand(*pos.shape[:2], n_groups * group - M)], dim=-1)
+    grouped = grouped.view(*pos.shape[:2], n_groups, group)
+    lo = grouped.amin((0, 1, 3)).tolist()
+    hi = (grouped.amax((0, 1, 3)) + 1).tolist()
+    bounds = [(i * group, min(M, (i + 1) * group), lo[i], hi[i]) for i in range(n_groups)]
+    return pos, valid, bounds
 
 
 def routed_attention(q, k, v, gate, window, n_sink=0, mode="exact"):
     """gate: float (B, H, T), 0/1 forward values carrying the straight-through gradient."""
     local = local_attention(q, k, v, window, n_sink)
-    hard = gate.detach() > 0.5
     if mode == "exact":
-        full = dense_attention(q, k, v)
-        delta = full - local
-    elif mode == "sparse":
-        full = gathered_global_attention(q, k, v, hard)
-        delta = (full - local) * hard.unsqueeze(-1)
-    else:
+        return local + gate.unsqueeze(-1).to(q.dtype) * (dense_attention(q, k, v) - local)
+    if mode != "sparse":
         raise ValueError(f"routed mode must be 'exact' or 'sparse', got {mode!r}")
-    return local + gate.unsqueeze(-1).to(q.dtype) * delta
+    # out = local + gate * (full - local) on gated rows only, added in place of a full-size delta
+    pos, valid, bounds = gated_rows(gate.detach() > 0.5)
+    index = pos[..., None].expand(*pos.shape, q.shape[-1])
+    acc = torch.promote_types(q.dtype, torch.float32)
+    full = GatedRowsAttention.apply(q.gather(2, index).to(acc), k.to(acc), v.to(acc), pos, bounds)
+    weight = (gate.gather(2, pos) * valid).unsqueeze(-1).to(q.dtype)
+    return local.scatter_add(2, index, weight * (full.to(q.dtype) - local.gather(2, index)))

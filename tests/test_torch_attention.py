@@ -1,0 +1,141 @@
+"""kernels/torch_attention.py against kernels/reference.py, and the reference's own semantics."""
+import pytest
+import torch
+
+from kernels import reference, torch_attention
+
+ROUTED = [("local", "exact"), ("routed", "exact"), ("routed", "sparse")]
+
+
+def make_inputs(B=2, H=3, T=64, D=8, gate_frac=0.3, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, H, T, D, generator=g, dtype=dtype).requires_grad_() for _ in range(3))
+    gate = (torch.rand(B, H, T, generator=g) < gate_frac).to(dtype).requires_grad_()
+    return q, k, v, gate
+
+
+def efficient(q, k, v, kind, window, n_sink=0, gate=None, mode="exact"):
+    if kind == "dense":
+        return torch_attention.dense_attention(q, k, v)
+    if kind == "local":
+        return torch_attention.local_attention(q, k, v, window, n_sink)
+    return torch_attention.routed_attention(q, k, v, gate, window, n_sink, mode)
+
+
+def outputs_and_grads(fn, q, k, v, gate, kind, window, n_sink, mode, seed=1):
+    out = fn(q, k, v, kind, window, n_sink, gate, mode)
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=out.dtype)
+    inputs = (q, k, v, gate) if kind == "routed" else (q, k, v)
+    return (out, *torch.autograd.grad(out, inputs, grad_out))
+
+
+def assert_matches_reference(q, k, v, gate, kind, window, n_sink, mode, atol):
+    got = outputs_and_grads(efficient, q, k, v, gate, kind, window, n_sink, mode)
+    want = outputs_and_grads(reference.reference_attention, q, k, v, gate, kind, window, n_sink, mode)
+    for name, a, b in zip(("out", "dq", "dk", "dv", "dgate"), got, want):
+        torch.testing.assert_close(a, b, atol=atol, rtol=atol, msg=f"{name} differs")
+
+
+# (T, window, n_sink, gate_frac): T a multiple of no chunk size (local chunks are min(window, 128), gated
+# rows go in groups of 32), windows above the local chunk size, T below the window, sinks up to the window,
+# no and all tokens gated
+CASES = [
+    (300, 16, 0, 0.3),
+    (300, 16, 5, 0.3),
+    (300, 16, 16, 0.3),
+    (10, 16, 4, 0.5),
+    (1, 8, 1, 1.0),
+    (400, 160, 0, 0.2),
+    (500, 200, 150, 0.1),
+    (150, 200, 150, 0.2),
+    (257, 128, 3, 0.1),
+    (100, 8, 2, 0.0),
+    (100, 8, 2, 1.0),
+]
+
+
+@pytest.mark.parametrize("kind,mode", ROUTED)
+@pytest.mark.parametrize("T,window,n_sink,gate_frac", CASES)
+def test_matches_reference_float64(kind, mode, T, window, n_sink, gate_frac):
+    q, k, v, gate = make_inputs(T=T, gate_frac=gate_frac)
+    assert_matches_reference(q, k, v, gate, kind, window, n_sink, mode, atol=1e-10)
+
+
+@pytest.mark.parametrize("kind,mode", ROUTED)
+def test_matches_reference_float32(kind, mode):
+    q, k, v, gate = make_inputs(B=2, H=4, T=400, D=32, gate_frac=0.1, dtype=torch.float32)
+    assert_matches_reference(q, k, v, gate, kind, 128, 4, mode, atol=2e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("kind,mode", ROUTED)
+def test_runs_in_half_precision(kind, mode, dtype):
+    q, k, v, gate = make_inputs(T=200, D=16, dtype=dtype)
+    assert_matches_reference(q, k, v, gate, kind, 32, 2, mode, atol=5e-2)
+
+
+def test_dense_matches_reference():
+    q, k, v, gate = make_inputs(T=100)
+    assert_matches_reference(q, k, v, gate, "dense", None, 0, "exact", atol=1e-10)
+
+
+# --- semantics of the reference itself (the conventions in shared/docs/reference.md section 5) ---
+
+def reference_out(q, k, v, kind, window=8, n_sink=0, gate=None, mode="exact"):
+    with torch.no_grad():
+        return reference.reference_attention(q, k, v, kind, window, n_sink, gate, mode)
+
+
+@pytest.mark.parametrize("kind,mode", [("dense", "exact")] + ROUTED)
+@pytest.mark.parametrize("n_sink", [0, 3])
+def test_causal(kind, mode, n_sink):
+    q, k, v, gate = make_inputs(T=40)
+    before = reference_out(q, k, v, kind, 8, n_sink, gate, mode)
+    t = 20
+    for i in range(3):  # q, k, v
+        changed = [y.detach().clone() for y in (q, k, v)]
+        changed[i][:, :, t + 1:] += 1.0
+        after = reference_out(*changed, kind, 8, n_sink, gate, mode)
+        torch.testing.assert_close(after[:, :, :t + 1], before[:, :, :t + 1], atol=0, rtol=0)
+        assert not torch.equal(after[:, :, t + 1:], before[:, :, t + 1:])
+
+
+@pytest.mark.parametrize("x", ["k", "v"])
+def test_local_reads_exactly_the_window(x):
+    q, k, v, _ = make_inputs(T=40)
+    window, t = 8, 30
+    before = reference_out(q, k, v, "local", window)
+
+    def changed_at(s):
+        inputs = {"q": q.detach(), "k": k.detach().clone(), "v": v.detach().clone()}
+        inputs[x][:, :, s] += 1.0
+        return reference_out(inputs["q"], inputs["k"], inputs["v"], "local", window)[:, :, t]
+
+    torch.testing.assert_close(changed_at(t - window), before[:, :, t], atol=0, rtol=0)  # just outside
+    for s in (t - window + 1, t):  # oldest and newest key inside
+        assert not torch.allclose(changed_at(s), before[:, :, t])
+
+
+def test_local_sees_sinks():
+    q, k, v, _ = make_inputs(T=40)
+    window, n_sink, t = 8, 2, 30
+    before = reference_out(q, k, v, "local", window, n_sink)
+
+    def changed_at(s):
+        changed_v = v.detach().clone()
+        changed_v[:, :, s] += 1.0
+        return reference_out(q, k, changed_v, "local", window, n_sink)[:, :, t]
+
+    assert not torch.allclose(changed_at(n_sink - 1), before[:, :, t])  # the last sink, far outside
+    torch.testing.assert_close(changed_at(n_sink), before[:, :, t], atol=0, rtol=0)  # first non-sink
+
+
+@pytest.mark.parametrize("mode", ["exact", "sparse"])
+@pytest.mark.parametrize("n_sink", [0, 3])
+def test_routed_all_gates_one_is_dense_and_zero_is_local(mode, n_sink):
+    q, k, v, gate = make_inputs(T=40)
+    ones, zeros = torch.ones_like(gate), torch.zeros_like(gate)
+    torch.testing.assert_close(reference_out(q, k, v, "routed", 8, n_sink, ones, mode),
+                               reference_out(q, k, v, "dense"), atol=1e-12, rtol=0)
+    torch.testing.assert_close(reference_out(q, k, v, "routed", 8, n_sink, zeros, mode),
+                               reference_out(q, k, v, "local", 8, n_sink), atol=0, rtol=0)
