@@ -125,25 +125,21 @@ def _group_probs(scaled_q, k_t, pos, lo, hi):
 
 
 def gated_rows(gated, group=GATED_GROUP):
-    """Positions (B, H, M) of each (batch, head)'s gated tokens in order, M the largest count; shorter rows
-    are padded with their last position (so padding never widens a group's key range), `valid` marks the
-    real ones. Also the group bounds GatedRowsAttention takes."""
-    counts = gated.sum(-1)
+    """Positions (B, H, M) of each (batch, head)'s gated tokens in order, M the largest count, and `valid`
+    marking them; the rows are right-aligned: a (batch, head) with fewer gated tokens is padded at the
+    front with position 0, where rows read the fewest keys. Also the group bounds GatedRowsAttention takes."""
+    B, H, T = gated.shape
+    counts = gated.sum(-1, keepdim=True)
     M = int(counts.max())
-    if M == 0:
-        empty = counts.new_zeros(*counts.shape, 0)
-        return empty, empty.bool(), []
-    order = torch.sort((~gated).to(torch.int8), dim=-1, stable=True).indices[..., :M]  # gated first
-    valid = torch.arange(M, device=gated.device) < counts[..., None]
-    last = order.gather(-1, (counts[..., None] - 1).clamp(min=0))
-    pos = torch.where(valid, order, last)
+    order = torch.sort(gated.to(torch.int8), dim=-1, stable=True).indices[..., T - M:]  # gated last
+    valid = torch.arange(M, device=gated.device) >= M - counts
+    pos = torch.where(valid, order, 0)
     n_groups = math.ceil(M / group)
-    grouped = torch.cat([pos, pos[..., -1:].expand(*pos.shape[:2], n_groups * group - M)], dim=-1)
-    grouped = grouped.view(*pos.shape[:2], n_groups, group)
+    grouped = F.pad(pos, (n_groups * group - M, 0)).view(B, H, n_groups, group)  # pad rows at the front
     lo = grouped.amin((0, 1, 3)).tolist()
     hi = (grouped.amax((0, 1, 3)) + 1).tolist()
-    bounds = [(i * group, min(M, (i + 1) * group), lo[i], hi[i]) for i in range(n_groups)]
-    return pos, valid, bounds
+    starts = [max(0, M - (n_groups - i) * group) for i in range(n_groups + 1)]
+    return pos, valid, [(starts[i], starts[i + 1], lo[i], hi[i]) for i in range(n_groups)]
 
 
 def routed_attention(q, k, v, gate, window, n_sink=0, mode="exact"):
