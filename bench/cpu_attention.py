@@ -5,8 +5,12 @@ ratios much less. Every round runs all candidates once, in an order that rotates
 each ratio is the median over rounds of (dense time / candidate time) measured within the same round, so
 slow drifts of the machine (other processes, frequency) hit both sides alike.
 
+On a machine shared with other busy processes, wall-clock ratios are noise (threads wait for each other);
+`--threads 1 --clock process` then times this process's CPU time, which other processes barely change.
+
     python bench/cpu_attention.py                      # T = 2048, 4096, 8192; w = 128; 10% global
     python bench/cpu_attention.py --T 4096 --rounds 11
+    python bench/cpu_attention.py --threads 1 --clock process
 """
 import argparse
 import os
@@ -32,6 +36,8 @@ def parse_args():
     p.add_argument("--head-dim", type=int, default=32)
     p.add_argument("--rounds", type=int, default=7, help="timed rounds (after one warm-up round)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--clock", choices=["wall", "process"], default="wall",
+                   help="wall: time.perf_counter; process: this process's CPU time (time.process_time)")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args()
 
@@ -45,12 +51,12 @@ def candidates(q, k, v, gate, window):
     }
 
 
-def time_forward_backward(fn, grad_out, leaves):
+def time_forward_backward(fn, grad_out, leaves, clock):
     for x in leaves:
         x.grad = None
-    start = time.perf_counter()
+    start = clock()
     fn().backward(grad_out)
-    return time.perf_counter() - start
+    return clock() - start
 
 
 def measure(T, args):
@@ -60,11 +66,12 @@ def measure(T, args):
     gate = (torch.rand(shape[:3], generator=g) < args.global_frac).float().requires_grad_()
     grad_out = torch.randn(shape, generator=g)
     fns = candidates(q, k, v, gate, args.window)
+    clock = time.process_time if args.clock == "process" else time.perf_counter
     names = list(fns)
     ratios = {name: [] for name in names if name != "dense"}
     for r in range(args.rounds + 1):
         order = names[r % len(names):] + names[:r % len(names)]
-        seconds = {name: time_forward_backward(fns[name], grad_out, (q, k, v, gate)) for name in order}
+        seconds = {name: time_forward_backward(fns[name], grad_out, (q, k, v, gate), clock) for name in order}
         if r == 0:
             continue  # warm-up: allocator, thread pool, first-call dispatch
         for name in ratios:
@@ -78,7 +85,7 @@ def main():
         torch.set_num_threads(args.threads)
     print("command: python " + shlex.join(sys.argv))
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; B={args.batch} H={args.heads} "
-          f"D={args.head_dim} w={args.window}, fp32, forward+backward, median of {args.rounds} rounds")
+          f"D={args.head_dim} w={args.window}, fp32, forward+backward, {args.rounds} rounds, {args.clock} clock")
     print(f"load average before: {os.getloadavg()[0]:.2f} (other processes make the ratios unreliable)")
     print("speed-up = dense causal SDPA time / candidate time, measured side by side (higher is better);")
     print("each cell: median over rounds [lowest - highest round]\n")
