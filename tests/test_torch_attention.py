@@ -4,7 +4,7 @@ import torch
 
 from kernels import reference, torch_attention
 
-ROUTED = [("local", "exact"), ("routed", "exact"), ("routed", "sparse")]
+KINDS = [("local", "exact"), ("routed", "exact"), ("routed", "sparse")]  # (kind, routed mode)
 
 
 def make_inputs(B=2, H=3, T=64, D=8, gate_frac=0.3, dtype=torch.float64, seed=0):
@@ -36,7 +36,7 @@ def assert_matches_reference(q, k, v, gate, kind, window, n_sink, mode, atol):
         torch.testing.assert_close(a, b, atol=atol, rtol=atol, msg=f"{name} differs")
 
 
-# (T, window, n_sink, gate_frac): T a multiple of no chunk size (local chunks are min(window, 128), gated
+# (T, window, n_sink, gate_frac): T mostly a multiple of no chunk size (local chunks are min(window, 128), gated
 # rows go in groups of 32), windows above the local chunk size, T below the window, sinks up to the window,
 # no and all tokens gated
 CASES = [
@@ -49,29 +49,38 @@ CASES = [
     (500, 200, 150, 0.1),
     (150, 200, 150, 0.2),
     (257, 128, 3, 0.1),
+    (256, 128, 0, 0.2),
     (100, 8, 2, 0.0),
     (100, 8, 2, 1.0),
 ]
 
 
-@pytest.mark.parametrize("kind,mode", ROUTED)
+@pytest.mark.parametrize("kind,mode", KINDS)
 @pytest.mark.parametrize("T,window,n_sink,gate_frac", CASES)
 def test_matches_reference_float64(kind, mode, T, window, n_sink, gate_frac):
     q, k, v, gate = make_inputs(T=T, gate_frac=gate_frac)
     assert_matches_reference(q, k, v, gate, kind, window, n_sink, mode, atol=1e-10)
 
 
-@pytest.mark.parametrize("kind,mode", ROUTED)
+@pytest.mark.parametrize("kind,mode", KINDS)
 def test_matches_reference_float32(kind, mode):
     q, k, v, gate = make_inputs(B=2, H=4, T=400, D=32, gate_frac=0.1, dtype=torch.float32)
     assert_matches_reference(q, k, v, gate, kind, 128, 4, mode, atol=2e-5)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("kind,mode", ROUTED)
+@pytest.mark.parametrize("kind,mode", KINDS)
 def test_runs_in_half_precision(kind, mode, dtype):
     q, k, v, gate = make_inputs(T=200, D=16, dtype=dtype)
     assert_matches_reference(q, k, v, gate, kind, 32, 2, mode, atol=5e-2)
+
+
+@pytest.mark.parametrize("mode", ["exact", "sparse"])
+def test_routed_with_one_head_never_gated(mode):
+    q, k, v, gate = make_inputs(T=200)
+    with torch.no_grad():
+        gate[0, 1] = 0  # its gated rows are all padding (position 0) in the sparse path
+    assert_matches_reference(q, k, v, gate, "routed", 16, 2, mode, atol=1e-10)
 
 
 def test_dense_matches_reference():
@@ -86,7 +95,7 @@ def reference_out(q, k, v, kind, window=8, n_sink=0, gate=None, mode="exact"):
         return reference.reference_attention(q, k, v, kind, window, n_sink, gate, mode)
 
 
-@pytest.mark.parametrize("kind,mode", [("dense", "exact")] + ROUTED)
+@pytest.mark.parametrize("kind,mode", [("dense", "exact")] + KINDS)
 @pytest.mark.parametrize("n_sink", [0, 3])
 def test_causal(kind, mode, n_sink):
     q, k, v, gate = make_inputs(T=40)
