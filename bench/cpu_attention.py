@@ -43,11 +43,14 @@ def parse_args():
 
 
 def candidates(q, k, v, gate, window):
+    def routed(mode):
+        return lambda: attention(q, k, v, "routed", window, gate=gate, mode=mode, backend="torch")
+
     return {
         "dense": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
         "local": lambda: attention(q, k, v, "local", window, backend="torch"),
-        "routed sparse": lambda: attention(q, k, v, "routed", window, gate=gate, mode="sparse", backend="torch"),
-        "routed exact": lambda: attention(q, k, v, "routed", window, gate=gate, mode="exact", backend="torch"),
+        "routed sparse": routed("sparse"),
+        "routed exact": routed("exact"),
     }
 
 
@@ -85,7 +88,8 @@ def main():
         torch.set_num_threads(args.threads)
     print("command: python " + shlex.join(sys.argv))
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; B={args.batch} H={args.heads} "
-          f"D={args.head_dim} w={args.window}, fp32, forward+backward, {args.rounds} rounds, {args.clock} clock")
+          f"D={args.head_dim} w={args.window}, fp32, forward+backward, {args.rounds} rounds, "
+          f"{args.clock} clock")
     print(f"load average before: {os.getloadavg()[0]:.2f} (other processes make the ratios unreliable)")
     print("speed-up = dense causal SDPA time / candidate time, measured side by side (higher is better);")
     print("each cell: median over rounds [lowest - highest round]\n")
@@ -95,7 +99,7 @@ def main():
     for T in args.T:
         global_frac, ratios = measure(T, args)
         results[T] = {name: statistics.median(values) for name, values in ratios.items()}
-        cells = (f"{results[T][name]:.2f}x [{min(ratios[name]):.2f}-{max(ratios[name]):.2f}]" for name in names)
+        cells = (f"{results[T][n]:.2f}x [{min(ratios[n]):.2f}-{max(ratios[n]):.2f}]" for n in names)
         print(f"{T:>6} {global_frac:>7.1%}" + "".join(f"{cell:>22}" for cell in cells), flush=True)
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     print("\ntargets (issue): routed sparse >= 2.5x and local >= 3x at T=4096, both growing with T")
