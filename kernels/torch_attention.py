@@ -110,20 +110,18 @@ class GatedRowsAttention(torch.autograd.Function):
         v_t = v.transpose(-1, -2).contiguous()
         rowsum = (grad_out * out).sum(-1, keepdim=True)  # sum_j p_j dp_j, the softmax backward's shift
         grad_q = torch.empty_like(scaled_q)
-        grad_k = k.new_zeros(B * H, T, D)
-        grad_v = v.new_zeros(B * H, T, D)
+        grad_k = torch.zeros_like(k)
+        grad_v = torch.zeros_like(v)
         scratch = _Scratch(grad_out, ctx.bounds)
         for (a, b, lo, hi), p in zip(ctx.bounds, probs):
             g = grad_out[:, :, a:b]
             grad_scores = torch.matmul(g, v_t[..., :hi], out=scratch.get(b - a, hi))
             grad_scores.sub_(rowsum[:, :, a:b]).mul_(p)
             grad_q[:, :, a:b] = grad_scores @ k[:, :, :hi]
-            rows = b - a
-            grad_k[:, :hi].baddbmm_(grad_scores.view(B * H, rows, hi).transpose(1, 2),
-                                    scaled_q[:, :, a:b].reshape(B * H, rows, D))
-            grad_v[:, :hi].baddbmm_(p.view(B * H, rows, hi).transpose(1, 2), g.reshape(B * H, rows, D))
+            grad_k[:, :, :hi] += grad_scores.transpose(-1, -2) @ scaled_q[:, :, a:b]
+            grad_v[:, :, :hi] += p.transpose(-1, -2) @ g
         grad_q *= D ** -0.5
-        return grad_q, grad_k.view(B, H, T, D), grad_v.view(B, H, T, D), None, None
+        return grad_q, grad_k, grad_v, None, None
 
 
 class _Scratch:
