@@ -105,8 +105,6 @@ class GatedRowsAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         scaled_q, k, v, out, *probs = ctx.saved_tensors
-        B, H, M, D = scaled_q.shape
-        T = k.shape[2]
         v_t = v.transpose(-1, -2).contiguous()
         rowsum = (grad_out * out).sum(-1, keepdim=True)  # sum_j p_j dp_j, the softmax backward's shift
         grad_q = torch.empty_like(scaled_q)
@@ -120,7 +118,7 @@ class GatedRowsAttention(torch.autograd.Function):
             grad_q[:, :, a:b] = grad_scores @ k[:, :, :hi]
             grad_k[:, :, :hi] += grad_scores.transpose(-1, -2) @ scaled_q[:, :, a:b]
             grad_v[:, :, :hi] += p.transpose(-1, -2) @ g
-        grad_q *= D ** -0.5
+        grad_q *= scaled_q.shape[-1] ** -0.5
         return grad_q, grad_k, grad_v, None, None
 
 
