@@ -250,8 +250,9 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets=None, penalty_weight=0.0, router_budget=0.0, force_global=False, cache=None):
         """idx: (B, T) token ids. targets: (B, T), -1 = ignored. The loss adds
-        penalty_weight * max(0, penalty - router_budget), where penalty is the mean router probability: with
-        the default budget 0 a plain L1 push towards local, with a budget no push below that global rate.
+        penalty_weight * mean over routed layers of max(0, mean_p(layer) - router_budget), where penalty is the
+        mean router probability: with the default budget 0 a plain L1 push towards local; with a budget, no
+        layer is pushed below that rate (per layer, so one busy layer cannot hide another's collapse).
         force_global: every routed head of this call runs full attention (the router still gets its
         straight-through gradient).
         cache: list of LayerCache (generation); positions continue from what the cache has seen."""
@@ -272,8 +273,9 @@ class GPT(nn.Module):
         logits = self.lm_head(x)
         lm_loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
         routed_p = [p.mean() for p in probs if p is not None]
-        penalty = torch.stack(routed_p).mean() if routed_p else lm_loss.new_zeros(())
-        loss = lm_loss + penalty_weight * torch.clamp(penalty - router_budget, min=0.0)
+        routed_p = torch.stack(routed_p) if routed_p else lm_loss.new_zeros(1)
+        penalty = routed_p.mean()
+        loss = lm_loss + penalty_weight * torch.clamp(routed_p - router_budget, min=0.0).mean()
         return GPTOutput(logits, loss, lm_loss, penalty, gates, probs, T)
 
     def new_cache(self):

@@ -43,7 +43,7 @@ class TrainConfig:
     router_lambda: float = 0.01          # weight of the L1 router penalty (mean router probability)
     router_lambda_start: int = 0         # penalty is zero before this step ...
     router_lambda_ramp: int = 200        # ... then ramps linearly to router_lambda over this many steps
-    router_budget: float = 0.0           # no penalty while the mean router probability is below this
+    router_budget: float = 0.0           # no penalty on a routed layer whose mean router probability is below this
     p_dense: float = 0.0                 # probability that a step runs every routed head globally
     collapse_frac: float = 0.005         # warn when a routed layer's global fraction falls below this
     eval_interval: int = 250

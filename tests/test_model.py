@@ -135,15 +135,16 @@ def test_config_rejects_bad_values():
             small_config(**bad)
 
 
-def test_router_budget_removes_the_push_below_the_budget():
+def test_router_budget_applies_per_layer():
     torch.manual_seed(0)
-    model = GPT(small_config(schedule="R", router_init_std=0.5))
+    model = GPT(small_config(schedule="R", n_layer=2))
+    torch.nn.init.constant_(model.blocks[0].attn.router.proj.bias, -3.0)  # layer 0: p = 0.047
+    torch.nn.init.constant_(model.blocks[1].attn.router.proj.bias, 1.0)   # layer 1: p = 0.731
     x = tokens()
-    out = model(x, x, penalty_weight=1.0, router_budget=out_p(model, x) + 0.01)
-    torch.testing.assert_close(out.loss, out.lm_loss)
     out = model(x, x, penalty_weight=1.0, router_budget=0.1)
-    torch.testing.assert_close(out.loss, out.lm_loss + out.penalty - 0.1)
-
-
-def out_p(model, x):
-    return model(x, x).penalty.item()
+    p0, p1 = torch.sigmoid(torch.tensor(-3.0)), torch.sigmoid(torch.tensor(1.0))
+    torch.testing.assert_close(out.penalty, (p0 + p1) / 2)
+    # layer 0 is under the budget and costs nothing; a budget on the mean (0.39) would have charged it
+    torch.testing.assert_close(out.loss - out.lm_loss, (p1 - 0.1) / 2)
+    out = model(x, x, penalty_weight=1.0, router_budget=0.8)
+    torch.testing.assert_close(out.loss, out.lm_loss)
