@@ -8,6 +8,7 @@ Unknown keys and wrong types fail with an error that names the key, the close ma
 import ast
 import dataclasses
 import difflib
+import sys
 import types
 import typing
 
@@ -81,3 +82,11 @@ def parse_args(argv, *schemas):
                 for schema in schemas]
     except ValueError as e:
         raise ConfigError(str(e)) from None
+
+
+def parse_args_or_exit(argv, *schemas):
+    """parse_args for a command line: a bad config ends the program with the error, not a traceback."""
+    try:
+        return parse_args(argv, *schemas)
+    except ConfigError as e:
+        sys.exit(f"config error: {e}")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from configurator import ConfigError, parse_args
+from configurator import parse_args_or_exit
 from data.loader import TokenData
 from data.synthetic.tasks import UNKNOWN_LABEL
 from sample import load_model
@@ -104,15 +104,12 @@ def format_report(result):
 
 
 def main(argv):
-    try:
-        (cfg,) = parse_args(argv, EvalConfig)
-    except ConfigError as e:
-        sys.exit(f"config error: {e}")
+    (cfg,) = parse_args_or_exit(argv, EvalConfig)
     if not cfg.data_dir:
         sys.exit("pass --data_dir: the task to evaluate on, as prepared by data/synthetic/prepare.py")
     model, trained_on = load_model(cfg.out_dir, pick_device(cfg.device), cfg.router_threshold)
     data = TokenData(cfg.data_dir, model.config.block_size, model.config.vocab_size)
-    print(f"checkpoint {cfg.out_dir}: layers {''.join(model.config.schedule[i % len(model.config.schedule)] for i in range(model.config.n_layer))}, "
+    print(f"checkpoint {cfg.out_dir}: layers {model.config.layer_letters}, "
           f"window {model.config.window}, threshold {model.config.router_threshold}; "
           f"data {cfg.data_dir}: task {data.meta.get('task')}, labels for window {data.meta.get('window')}")
     if data.meta.get("window") != model.config.window:

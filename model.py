@@ -61,8 +61,13 @@ class GPTConfig:
             raise ValueError(f"random_global_q={self.random_global_q} must be a probability")
 
     @property
+    def layer_letters(self):
+        """The schedule repeated to n_layer letters, e.g. 'LLLLLG' with n_layer=8 -> 'LLLLLGLL'."""
+        return "".join(self.schedule[i % len(self.schedule)] for i in range(self.n_layer))
+
+    @property
     def kinds(self):
-        return [KIND_OF_LETTER[self.schedule[i % len(self.schedule)]] for i in range(self.n_layer)]
+        return [KIND_OF_LETTER[letter] for letter in self.layer_letters]
 
 
 @dataclass

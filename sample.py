@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from configurator import ConfigError, parse_args
+from configurator import parse_args_or_exit
 from data.tokens import codec
 from model import GPT, GPTConfig
 from train import load_checkpoint, load_model_state, pick_device
@@ -57,10 +57,7 @@ def colour_by_routing(pieces, counts, max_count):
 
 
 def main(argv):
-    try:
-        (cfg,) = parse_args(argv, SampleConfig)
-    except ConfigError as e:
-        sys.exit(f"config error: {e}")
+    (cfg,) = parse_args_or_exit(argv, SampleConfig)
     device = pick_device(cfg.device)
     model, meta = load_model(cfg.out_dir, device, cfg.router_threshold)
     encode, decode = codec(meta["encoding"], meta.get("chars"))

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from configurator import ConfigError, parse_args
+from configurator import parse_args_or_exit
 from data.loader import TokenData
 from model import GPT, RUNTIME_KEYS, GPTConfig, routing_stats
 
@@ -247,7 +247,7 @@ def train(tcfg, mcfg):
 
     if master:
         os.makedirs(tcfg.out_dir, exist_ok=True)
-        print(f"{raw_model.num_params() / 1e6:.2f}M parameters, layers {''.join(mcfg.schedule[i % len(mcfg.schedule)] for i in range(mcfg.n_layer))}, "
+        print(f"{raw_model.num_params() / 1e6:.2f}M parameters, layers {mcfg.layer_letters}, "
               f"window {mcfg.window}, device {device}, {dtype}, {world} process(es)")
     logger = Logger(os.path.join(tcfg.out_dir, "tb"), tcfg.tensorboard and master)
     val_batches = data.val_batches(tcfg.batch_size, tcfg.eval_iters)
@@ -339,10 +339,7 @@ def configure_optimizer(model, cfg, device_type):
 
 
 def main(argv):
-    try:
-        tcfg, mcfg = parse_args(argv, TrainConfig, GPTConfig)
-    except ConfigError as e:
-        sys.exit(f"config error: {e}")
+    tcfg, mcfg = parse_args_or_exit(argv, TrainConfig, GPTConfig)
     train(tcfg, mcfg)
 
 

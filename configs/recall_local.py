@@ -1,22 +1,4 @@
-# Associative recall (data/synthetic) at T = 512, w = 32, 16 pairs: the local-only baseline of results/recall.md.
-# python data/synthetic/prepare.py --task=recall --block_size=512 --window=32 --n_pairs=16 --out_dir=data/recall
-# python train.py configs/recall_local.py && python eval_routing.py --out_dir=out/recall_local --data_dir=data/recall
-# configs/recall_dense.py and configs/recall_routed.py differ from this file only in the routing keys at the end.
+# Local-only attention on the budget of configs/recall.py:
+# python train.py configs/recall.py configs/recall_local.py
 out_dir = "out/recall_local"
-dataset = "recall"
-n_layer = 4
-n_head = 4
-n_embd = 128
-block_size = 512
-window = 32
-vocab_size = 144
-batch_size = 8
-max_iters = 1000
-learning_rate = 3e-3
-min_lr = 3e-4
-warmup_iters = 50
-eval_interval = 200
-eval_iters = 8
-routed_mode = "exact"
-# routing keys
 schedule = "L"
