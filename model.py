@@ -14,7 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from kernels import attention
-from kernels.reference import masked_attention
+from kernels.reference import local_visible, masked_attention
 
 KIND_OF_LETTER = {"G": "dense", "L": "local", "R": "routed"}
 RUNTIME_KEYS = {"attention_backend", "routed_mode", "router_threshold"}  # may change between runs of one model
@@ -160,13 +160,13 @@ class Attention(nn.Module):
         keys, values, key_pos = cache.append(k, v)
         query_pos = key_pos[-q.shape[2]:]
         causal = key_pos[None, :] <= query_pos[:, None]
-        near = (query_pos[:, None] - key_pos[None, :] < self.config.window) | (key_pos[None, :] < self.config.n_sink)
+        local = local_visible(query_pos, key_pos, self.config.window, self.config.n_sink)
         if self.kind == "dense":
             allowed = causal
         elif self.kind == "local":
-            allowed = causal & near
+            allowed = local
         else:
-            allowed = causal & (near | hard[..., None])  # (B, H, T, S)
+            allowed = local | (causal & hard[..., None])  # (B, H, T, S)
         return masked_attention(q, keys, values, allowed)
 
 

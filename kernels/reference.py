@@ -6,11 +6,16 @@ a local query at position t sees keys t-window+1 .. t plus the first n_sink posi
 import torch
 
 
+def local_visible(query_pos, key_pos, window, n_sink=0):
+    """(Tq, S) bool: a local query at each of query_pos may read the key at each of key_pos."""
+    t, s = query_pos[:, None], key_pos[None, :]
+    return (s <= t) & ((t - s < window) | (s < n_sink))
+
+
 def local_mask(T, window, n_sink=0, device=None):
     """(T, T) bool: query t may read key s."""
-    t = torch.arange(T, device=device)[:, None]
-    s = torch.arange(T, device=device)[None, :]
-    return (s <= t) & ((t - s < window) | (s < n_sink))
+    positions = torch.arange(T, device=device)
+    return local_visible(positions, positions, window, n_sink)
 
 
 def causal_mask(T, device=None):
