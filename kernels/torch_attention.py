@@ -1,9 +1,12 @@
 """Efficient pure-PyTorch attention: runs everywhere (CPU included), same results as kernels/reference.py.
 
 - local: queries in chunks; every chunk reads the sinks and the keys from `window` before it to its end,
-  all chunks in one fused SDPA call, so the cost grows with T * window, not T^2.
+  under a mask (LocalAttention), so the cost grows with T * window, not T^2.
 - routed, 'exact': full and local outputs for every token (exact straight-through gradient).
 - routed, 'sparse': local output for every token, full output only for gated tokens (GatedRowsAttention).
+
+Both custom functions call `attend`: attention over one block of keys that also returns the log-sum-exp,
+so that blocks merge exactly (the fused flash kernel on CPU, plain matmuls elsewhere).
 """
 import math
 
@@ -11,8 +14,8 @@ import torch
 import torch.nn.functional as F
 
 LOCAL_CHUNK = 128  # most queries per local chunk: longer ones read more masked keys, 64 measured the same
-GATED_GROUP = 32  # gated query rows per matmul group (GatedRowsAttention): smaller ones waste fewer keys
-                  # but cost more Python ops; 16 to 64 measured within noise of each other
+GATED_KEY_BLOCK = 256  # keys per GatedRowsAttention block: larger ones mask more scores, smaller ones
+                       # cost more calls and merges
 
 
 def dense_attention(q, k, v):
@@ -21,20 +24,55 @@ def dense_attention(q, k, v):
 
 def local_attention(q, k, v, window, n_sink=0):
     """Sliding-window attention with sinks. Chunk i holds queries i*c .. i*c+c-1 and reads the sinks and
-    chunks i-m .. i (m = ceil(window / c)) under a mask, all chunks in one SDPA call."""
-    B, H, T, D = q.shape
+    chunks i-m .. i (m = ceil(window / c)) under a mask (LocalAttention)."""
     if n_sink > window:
         raise ValueError(f"n_sink={n_sink} must not exceed window={window}")
-    n_sink = min(n_sink, T)
-    c = min(window, LOCAL_CHUNK)
-    n = math.ceil(T / c)
-    n_prev = math.ceil(window / c)
-    queries = _pad_to(q, n * c).view(B * H, n, c, D)
-    keys = _chunk_keys(k, n, c, n_prev, n_sink)
-    values = _chunk_keys(v, n, c, n_prev, n_sink)
-    out = F.scaled_dot_product_attention(queries, keys, values,
-                                         attn_mask=_local_mask(n, c, n_prev, window, n_sink, q))
-    return out.reshape(B, H, n * c, D)[:, :, :T]
+    return LocalAttention.apply(q, k, v, window, min(n_sink, q.shape[2]))
+
+
+class LocalAttention(torch.autograd.Function):
+    """Local attention over chunks, forward and backward written out. Every chunk's window is a view into
+    one padded copy of the keys (of the values), and the backward folds the windows' gradients back onto
+    it: autograd's unfold backward measured several times slower. The chunks from `first` on (_local_mask)
+    share one mask, passed once for all of them; the first ones get a call of their own."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, window, n_sink):
+        B, H, T, D = q.shape
+        c = min(window, LOCAL_CHUNK)
+        n = math.ceil(T / c)
+        n_prev = math.ceil(window / c)
+        queries = _pad_to(q, n * c).view(B * H, n, c, D)
+        keys, values = (_windows(x, n, c, n_prev, n_sink) for x in (k, v))
+        parts = _local_masks(n, c, n_prev, window, n_sink, q)
+        outs, lses = zip(*(attend(queries[:, a:b], keys[:, a:b], values[:, a:b], mask) for a, b, mask in parts))
+        out, lse = torch.cat(outs, 1), torch.cat(lses, 1)
+        ctx.save_for_backward(queries, keys, values, out, lse, *(mask for _, _, mask in parts))
+        ctx.parts = [(a, b) for a, b, _ in parts]
+        ctx.shape = (B, H, T, D, c, n_prev, n_sink)
+        return out.view(B, H, n * c, D)[:, :, :T]
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        queries, keys, values, out, lse, *masks = ctx.saved_tensors
+        B, H, T, D, c, n_prev, n_sink = ctx.shape
+        n = queries.shape[1]
+        grad_out = _pad_to(grad_out, n * c).reshape(B * H, n, c, D)
+        grad_q = queries.new_empty(queries.shape)
+        grad_k, grad_v = (keys.new_zeros(B * H, (n_prev + n) * c, D) for _ in range(2))  # padded, as keys
+        for (a, b), mask in zip(ctx.parts, masks):
+            dq, dk, dv = attend_backward(grad_out[:, a:b], queries[:, a:b], keys[:, a:b], values[:, a:b],
+                                         out[:, a:b], lse[:, a:b], mask)
+            grad_q[:, a:b] = dq
+            for grad, d in ((grad_k, dk), (grad_v, dv)):
+                for j in range(n_prev + 1):  # window slot j of chunk i is padded chunk i + j
+                    grad[:, (a + j) * c:(b + j) * c].view(B * H, b - a, c, D).add_(
+                        d[:, :, n_sink + j * c:n_sink + (j + 1) * c])
+                if n_sink:
+                    grad[:, n_prev * c:n_prev * c + n_sink] += d[:, :, :n_sink].sum(1)
+        grad_q = grad_q.view(B, H, n * c, D)[:, :, :T]
+        grad_k, grad_v = (g.view(B, H, -1, D)[:, :, n_prev * c:n_prev * c + T] for g in (grad_k, grad_v))
+        return grad_q, grad_k, grad_v, None, None
 
 
 def _pad_to(x, length):
@@ -42,22 +80,22 @@ def _pad_to(x, length):
     return x if x.shape[2] == length else F.pad(x, (0, 0, 0, length - x.shape[2]))
 
 
-def _chunk_keys(x, n, c, n_prev, n_sink):
+def _windows(x, n, c, n_prev, n_sink):
     """(B * H, n, n_sink + (n_prev + 1) * c, D): per chunk i, the sinks, then chunks i-n_prev .. i (zeros
-    before position 0)."""
+    before position 0), all chunks' windows views into one padded copy of x (a copy per chunk with sinks)."""
     B, H, T, D = x.shape
-    chunks = _pad_to(x, n * c).view(B, H, n, c, D)
-    # chunk i - j for every i: shift by j chunks, zeros in front (F.pad crops the end with a negative pad)
-    earlier = [F.pad(chunks, (0, 0, 0, 0, min(j, n), -min(j, n))) for j in range(n_prev, 0, -1)]
-    sinks = [x[:, :, None, :n_sink].expand(B, H, n, n_sink, D)] if n_sink else []
-    return torch.cat(sinks + earlier + [chunks], dim=3).view(B * H, n, -1, D)
+    padded = F.pad(x, (0, 0, n_prev * c, n * c - T))
+    windows = padded.unfold(2, (n_prev + 1) * c, c).transpose(-1, -2)  # (B, H, n, (n_prev + 1) * c, D)
+    if n_sink:
+        windows = torch.cat([x[:, :, None, :n_sink].expand(B, H, n, n_sink, D), windows], dim=3)
+    return windows.reshape(B * H, n, -1, D)
 
 
-def _local_mask(n, c, n_prev, window, n_sink, like):
-    """Additive (1, n, c, n_sink + (n_prev + 1) * c) mask in the layout of _chunk_keys (SDPA's fused CPU
-    kernel takes 2D or 4D masks). A window key is read if it exists and is one of the last `window`
-    positions; a sink only if it lies before the window (inside it, it is already read as a window key).
-    Chunks far enough from the start all share one pattern, so only the first ones are computed apart."""
+def _local_masks(n, c, n_prev, window, n_sink, like):
+    """Additive masks in the layout of _windows, as (first chunk, end chunk, (1, chunks or 1, c, keys) mask)
+    parts. A window key is read if it exists and is one of the last `window` positions; a sink only if it
+    lies before the window (inside it, it is already read as a window key). Chunks far enough from the
+    start all share one pattern: one part with a mask broadcast over them."""
     device = like.device
     first = min(n, math.ceil((window + max(n_sink - 1, 0)) / c))  # first chunk with the shared pattern
     chunk = torch.arange(min(first + 1, n), device=device)[:, None, None]
@@ -68,89 +106,121 @@ def _local_mask(n, c, n_prev, window, n_sink, like):
         sinks_allowed = torch.arange(n_sink, device=device) <= t - window
         allowed = torch.cat([sinks_allowed, allowed], dim=2)
     mask = torch.zeros(allowed.shape, dtype=like.dtype, device=device).masked_fill(~allowed, float("-inf"))
-    if first < n:
-        mask = torch.cat([mask[:first], mask[first:].expand(n - first, -1, -1)])
-    return mask[None]
+    parts = [(0, first, mask[None, :first]), (first, n, mask[None, first:])]
+    return [(a, b, part) for a, b, part in parts if a < b]
+
+
+def _cpu_kernel(x):
+    """Whether attend runs the fused CPU flash kernel (a private op, any float dtype; it returns the
+    log-sum-exp, which SDPA does not) rather than plain matmuls (every other device)."""
+    return x.device.type == "cpu"
+
+
+def attend(q, k, v, mask=None):
+    """softmax(q k^T / sqrt(D) + mask) v and its log-sum-exp (B, H, Lq): attention over one block of keys."""
+    if _cpu_kernel(q):
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=mask)
+    scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-1, -2)
+    if mask is not None:
+        scores = scores + mask
+    lse = scores.logsumexp(-1)
+    return (scores - lse[..., None]).exp() @ v, lse
+
+
+def attend_backward(grad_out, q, k, v, out, lse, mask=None):
+    """Gradients (q, k, v) of attend(q, k, v, mask) when its rows also read other key blocks: `out` and `lse`
+    are the rows' output and log-sum-exp over all of them, so this block's probabilities are exactly the
+    merged softmax restricted to it."""
+    if _cpu_kernel(q):
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            grad_out, q, k, v, out, lse, 0.0, False, attn_mask=mask)
+    scale = q.shape[-1] ** -0.5
+    scores = (q * scale) @ k.transpose(-1, -2)
+    if mask is not None:
+        scores = scores + mask
+    p = (scores - lse[..., None]).exp()
+    grad_scores = p * (grad_out @ v.transpose(-1, -2) - (grad_out * out).sum(-1, keepdim=True))
+    return grad_scores @ k * scale, grad_scores.transpose(-1, -2) @ q * scale, p.transpose(-1, -2) @ grad_out
+
+
+def _merge(out, lse, block_out, block_lse):
+    """Turns (out, lse), attention over some keys, into attention over those and a block's, in place."""
+    torch.logaddexp(lse, block_lse, out=lse)
+    out.lerp_(block_out, (block_lse - lse).exp_().unsqueeze(-1))  # the block's share of the softmax
 
 
 class GatedRowsAttention(torch.autograd.Function):
-    """Full causal attention of gathered query rows, forward and backward written out with matmuls.
+    """Full causal attention of gathered query rows, over key blocks merged by their log-sum-exps.
 
     q_rows (B, H, M, D): each (batch, head)'s queries in position order, `pos` (B, H, M) their positions.
-    Rows are taken in groups (`bounds`: first row, end row, lowest and highest position + 1 of the group
-    over all batches and heads); a group reads keys [0, hi) and masks only [lo, hi), where its rows differ.
-    Written out because autograd would turn each group's key slice gradient into a full-size (T) tensor;
-    here the groups' key and value gradients accumulate in place into one buffer. The softmax
-    probabilities are kept for the backward (about 1.2 * gated fraction * T^2 / 2 floats per batch and
-    head); recomputing them instead measured as fast with glibc's allocator, slower with a caching one."""
+    Per key block [s, e) (`blocks`, from gated_rows), rows [b, M) see all of it in every batch and head: one
+    call without a mask, over many rows, which the CPU kernel runs about as fast per score as dense attention;
+    rows [a, b) see part of it: one call with a mask; rows before a see none of it. The backward of each
+    call gets the merged output and log-sum-exp (attend_backward), so the blocks' gradients just add up."""
 
     @staticmethod
-    def forward(ctx, q_rows, k, v, pos, bounds):
-        scaled_q = q_rows * q_rows.shape[-1] ** -0.5
-        k_t = k.transpose(-1, -2).contiguous()  # (B, H, D, T): a contiguous right operand is faster
-        out = torch.empty_like(q_rows)
-        scratch = _Scratch(q_rows, bounds)
-        probs = []
-        for a, b, lo, hi in bounds:
-            scores = torch.matmul(scaled_q[:, :, a:b], k_t[..., :hi], out=scratch.get(b - a, hi))
-            future = torch.arange(lo, hi, device=k.device) > pos[:, :, a:b, None]
-            scores[..., lo:].masked_fill_(future, float("-inf"))
-            p = scores.softmax(-1)
-            out[:, :, a:b] = p @ v[:, :, :hi]
-            probs.append(p)
-        ctx.save_for_backward(scaled_q, k, v, out, *probs)
-        ctx.bounds = bounds
+    def forward(ctx, q_rows, k, v, pos, blocks):
+        M = q_rows.shape[2]
+        out = torch.zeros_like(q_rows)
+        lse = q_rows.new_full(q_rows.shape[:3], float("-inf"))
+        masks = []
+        for s, e, a, b in blocks:
+            keys, values = k[:, :, s:e], v[:, :, s:e]
+            mask = None
+            if a < b:
+                rows = pos[:, :, a:b]
+                future = torch.arange(s, e, device=k.device) > rows.unsqueeze(-1)
+                mask = q_rows.new_zeros(future.shape).masked_fill_(future, float("-inf"))
+                block_out, block_lse = attend(q_rows[:, :, a:b], keys, values, mask)
+                blind = rows < s  # rows that read none of the block: NaN from the kernel
+                _merge(out[:, :, a:b], lse[:, :, a:b], block_out.masked_fill_(blind.unsqueeze(-1), 0),
+                       block_lse.masked_fill_(blind, float("-inf")))
+            if b < M:
+                _merge(out[:, :, b:], lse[:, :, b:], *attend(q_rows[:, :, b:], keys, values))
+            masks.append(mask)
+        ctx.save_for_backward(q_rows, k, v, out, lse, *masks)
+        ctx.blocks = blocks
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        scaled_q, k, v, out, *probs = ctx.saved_tensors
-        v_t = v.transpose(-1, -2).contiguous()
-        rowsum = (grad_out * out).sum(-1, keepdim=True)  # sum_j p_j dp_j, the softmax backward's shift
-        grad_q = torch.empty_like(scaled_q)
-        grad_k = torch.zeros_like(k)
-        grad_v = torch.zeros_like(v)
-        scratch = _Scratch(grad_out, ctx.bounds)
-        for (a, b, lo, hi), p in zip(ctx.bounds, probs):
-            g = grad_out[:, :, a:b]
-            grad_scores = torch.matmul(g, v_t[..., :hi], out=scratch.get(b - a, hi))
-            grad_scores.sub_(rowsum[:, :, a:b]).mul_(p)
-            grad_q[:, :, a:b] = grad_scores @ k[:, :, :hi]
-            grad_k[:, :, :hi] += grad_scores.transpose(-1, -2) @ scaled_q[:, :, a:b]
-            grad_v[:, :, :hi] += p.transpose(-1, -2) @ g
-        grad_q *= scaled_q.shape[-1] ** -0.5
+        q_rows, k, v, out, lse, *masks = ctx.saved_tensors
+        M = q_rows.shape[2]
+        grad_q, grad_k, grad_v = (_zeros_like_kernel_output(x) for x in (q_rows, k, v))
+        for (s, e, a, b), mask in zip(ctx.blocks, masks):
+            for lo, hi, block_mask in ((a, b, mask), (b, M, None)):
+                if lo < hi:
+                    dq, dk, dv = attend_backward(grad_out[:, :, lo:hi], q_rows[:, :, lo:hi], k[:, :, s:e],
+                                                 v[:, :, s:e], out[:, :, lo:hi], lse[:, :, lo:hi], block_mask)
+                    grad_q[:, :, lo:hi] += dq
+                    grad_k[:, :, s:e] += dk
+                    grad_v[:, :, s:e] += dv
         return grad_q, grad_k, grad_v, None, None
 
 
-class _Scratch:
-    """One buffer for every group's (B, H, rows, keys) score-sized temporary: a fresh allocation per group
-    costs page faults (glibc hands large freed blocks back to the OS); measured 3.0x -> 3.5x at T=8192."""
-
-    def __init__(self, like, bounds):
-        self.B, self.H = like.shape[:2]
-        largest = max([(b - a) * hi for a, b, _, hi in bounds], default=0)
-        self.buffer = like.new_empty(self.B * self.H * largest)
-
-    def get(self, rows, keys):
-        return self.buffer[:self.B * self.H * rows * keys].view(self.B, self.H, rows, keys)
+def _zeros_like_kernel_output(x):
+    """Zeros like x (B, H, L, D) laid out as the CPU kernel's outputs, (B, L, H, D): adding those is faster."""
+    B, H, L, D = x.shape
+    return x.new_zeros(B, L, H, D).transpose(1, 2)
 
 
-def gated_rows(gated, group=GATED_GROUP):
+def gated_rows(gated, key_block):
     """Positions (B, H, M) of each (batch, head)'s gated tokens in order, M the largest count, and `valid`
     marking them; the rows are right-aligned: a (batch, head) with fewer gated tokens is padded at the
-    front with position 0, where rows read the fewest keys. Also the group bounds GatedRowsAttention takes."""
+    front with position 0, where rows read the fewest keys. Also GatedRowsAttention's key blocks: per block
+    [s, e), the first row that reads any of it and the first that reads all of it, over all batches and heads
+    (the positions grow along the rows in each, so the rows reading any or all of a block are a suffix)."""
     B, H, T = gated.shape
     counts = gated.sum(-1, keepdim=True)
     M = int(counts.max())
     order = torch.sort(gated.to(torch.int8), dim=-1, stable=True).indices[..., T - M:]  # gated last
     valid = torch.arange(M, device=gated.device) >= M - counts
     pos = torch.where(valid, order, 0)
-    n_groups = math.ceil(M / group)
-    grouped = F.pad(pos, (n_groups * group - M, 0)).view(B, H, n_groups, group)  # pad rows at the front
-    lo = grouped.amin((0, 1, 3)).tolist()
-    hi = (grouped.amax((0, 1, 3)) + 1).tolist()
-    starts = [max(0, M - (n_groups - i) * group) for i in range(n_groups + 1)]
-    return pos, valid, [(starts[i], starts[i + 1], lo[i], hi[i]) for i in range(n_groups)]
+    starts = torch.arange(0, T, key_block, device=gated.device)
+    ends = (starts + key_block).clamp(max=T)
+    reads_any = torch.searchsorted(pos.amax((0, 1)), starts)
+    reads_all = torch.searchsorted(pos.amin((0, 1)), ends - 1)
+    return pos, valid, list(zip(starts.tolist(), ends.tolist(), reads_any.tolist(), reads_all.tolist()))
 
 
 def routed_attention(q, k, v, gate, window, n_sink=0, mode="exact"):
@@ -161,9 +231,9 @@ def routed_attention(q, k, v, gate, window, n_sink=0, mode="exact"):
     if mode != "sparse":
         raise ValueError(f"routed mode must be 'exact' or 'sparse', got {mode!r}")
     # out = local + gate * (full - local) on gated rows only, added in place of a full-size delta
-    pos, valid, bounds = gated_rows(gate.detach() > 0.5)
+    pos, valid, blocks = gated_rows(gate.detach() > 0.5, GATED_KEY_BLOCK)
     index = pos[..., None].expand(*pos.shape, q.shape[-1])
     acc = torch.promote_types(q.dtype, torch.float32)
-    full = GatedRowsAttention.apply(q.gather(2, index).to(acc), k.to(acc), v.to(acc), pos, bounds)
+    full = GatedRowsAttention.apply(q.gather(2, index).to(acc), k.to(acc), v.to(acc), pos, blocks)
     weight = (gate.gather(2, pos) * valid).unsqueeze(-1).to(q.dtype)
     return local.scatter_add(2, index, weight * (full.to(q.dtype) - local.gather(2, index)))

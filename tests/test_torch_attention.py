@@ -37,8 +37,8 @@ def assert_matches_reference(q, k, v, gate, kind, window, n_sink, mode, atol):
 
 
 # (T, window, n_sink, gate_frac): T mostly a multiple of no chunk size (local chunks are min(window, 128),
-# gated rows go in groups of 32), windows above the local chunk size, T below the window, sinks up to the
-# window, no and all tokens gated
+# gated rows read keys in blocks of 256), windows above the local chunk size, T below the window, sinks up
+# to the window, no and all tokens gated
 CASES = [
     (300, 16, 0, 0.3),
     (300, 16, 5, 0.3),
@@ -73,6 +73,23 @@ def test_matches_reference_float32(kind, mode):
 def test_runs_in_half_precision(kind, mode, dtype):
     q, k, v, gate = make_inputs(T=200, D=16, dtype=dtype)
     assert_matches_reference(q, k, v, gate, kind, 32, 2, mode, atol=5e-2)
+
+
+@pytest.mark.parametrize("kind,mode", KINDS)
+@pytest.mark.parametrize("T,window,n_sink,gate_frac", [(300, 16, 5, 0.3), (500, 200, 150, 0.1), (10, 16, 4, 0.5)])
+def test_matmul_fallback_matches_reference(monkeypatch, kind, mode, T, window, n_sink, gate_frac):
+    """attend / attend_backward as on devices without the fused CPU kernel."""
+    monkeypatch.setattr(torch_attention, "_cpu_kernel", lambda x: False)
+    q, k, v, gate = make_inputs(T=T, gate_frac=gate_frac)
+    assert_matches_reference(q, k, v, gate, kind, window, n_sink, mode, atol=1e-10)
+
+
+@pytest.mark.parametrize("key_block", [1, 7, 64, 1000])
+def test_gated_rows_any_key_block(monkeypatch, key_block):
+    """Blocks of one key (every row's last block masked), blocks that some rows read none of, one block."""
+    monkeypatch.setattr(torch_attention, "GATED_KEY_BLOCK", key_block)
+    q, k, v, gate = make_inputs(T=300, gate_frac=0.2)
+    assert_matches_reference(q, k, v, gate, "routed", 16, 2, "sparse", atol=1e-10)
 
 
 @pytest.mark.parametrize("mode", ["exact", "sparse"])
