@@ -28,54 +28,71 @@ def dense_attention(q, k, v):
 def local_attention(q, k, v, window, n_sink=0):
     """Sliding-window attention with sinks. Chunk i holds queries i*c .. i*c+c-1 and reads the sinks and
     chunks i-m .. i (m = ceil(window / c)) under a mask (LocalAttention)."""
+    return LocalAttention.apply(q, k, v, window, _sinks(n_sink, window, q.shape[2]))
+
+
+def _sinks(n_sink, window, T):
+    """The number of sinks that exist, after checking n_sink."""
     if n_sink > window:
         raise ValueError(f"n_sink={n_sink} must not exceed window={window}")
-    return LocalAttention.apply(q, k, v, window, min(n_sink, q.shape[2]))
+    return min(n_sink, T)
 
 
 class LocalAttention(torch.autograd.Function):
-    """Local attention over chunks, forward and backward written out. Every chunk's window is a view into
-    one padded copy of the keys (of the values), and the backward folds the windows' gradients back onto
-    it: autograd's unfold backward measured several times slower. The chunks from `first` on (_local_mask)
-    share one mask, passed once for all of them; the first ones get a call of their own."""
+    """Local attention over chunks, forward and backward written out (_local_forward, _local_backward)."""
 
     @staticmethod
     def forward(ctx, q, k, v, window, n_sink):
-        B, H, T, D = q.shape
-        c = min(window, LOCAL_CHUNK)
-        n = math.ceil(T / c)
-        n_prev = math.ceil(window / c)
-        queries = _pad_to(q, n * c).view(B * H, n, c, D)
-        keys, values = (_windows(x, n, c, n_prev, n_sink) for x in (k, v))
-        parts = _local_masks(n, c, n_prev, window, n_sink, q)
-        outs, lses = zip(*(attend(queries[:, a:b], keys[:, a:b], values[:, a:b], mask) for a, b, mask in parts))
-        out, lse = torch.cat(outs, 1), torch.cat(lses, 1)
-        ctx.save_for_backward(queries, keys, values, out, lse, *(mask for _, _, mask in parts))
-        ctx.parts = [(a, b) for a, b, _ in parts]
-        ctx.shape = (B, H, T, D, c, n_prev, n_sink)
-        return out.view(B, H, n * c, D)[:, :, :T]
+        out, saved, ctx.meta = _local_forward(q, k, v, window, n_sink)
+        ctx.save_for_backward(*saved)
+        return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        queries, keys, values, out, lse, *masks = ctx.saved_tensors
-        B, H, T, D, c, n_prev, n_sink = ctx.shape
-        n = queries.shape[1]
-        grad_out = _pad_to(grad_out, n * c).reshape(B * H, n, c, D)
-        grad_q = queries.new_empty(queries.shape)
-        grad_k, grad_v = (keys.new_zeros(B * H, (n_prev + n) * c, D) for _ in range(2))  # padded, as keys
-        for (a, b), mask in zip(ctx.parts, masks):
-            dq, dk, dv = attend_backward(grad_out[:, a:b], queries[:, a:b], keys[:, a:b], values[:, a:b],
-                                         out[:, a:b], lse[:, a:b], mask)
-            grad_q[:, a:b] = dq
-            for grad, d in ((grad_k, dk), (grad_v, dv)):
-                for j in range(n_prev + 1):  # window slot j of chunk i is padded chunk i + j
-                    grad[:, (a + j) * c:(b + j) * c].view(B * H, b - a, c, D).add_(
-                        d[:, :, n_sink + j * c:n_sink + (j + 1) * c])
-                if n_sink:
-                    grad[:, n_prev * c:n_prev * c + n_sink] += d[:, :, :n_sink].sum(1)
-        grad_q = grad_q.view(B, H, n * c, D)[:, :, :T]
-        grad_k, grad_v = (g.view(B, H, -1, D)[:, :, n_prev * c:n_prev * c + T] for g in (grad_k, grad_v))
-        return grad_q, grad_k, grad_v, None, None
+        return *_local_backward(ctx.saved_tensors, ctx.meta, grad_out), None, None
+
+
+def _local_forward(q, k, v, window, n_sink):
+    """Every chunk's window is a view into one padded copy of the keys (of the values); the backward folds
+    the windows' gradients back onto it (autograd's unfold backward measured several times slower). The
+    chunks from `first` on (_local_masks) share one mask, passed once for all of them; the first ones get
+    a call of their own. Returns the output, the tensors _local_backward needs and its other arguments."""
+    B, H, T, D = q.shape
+    c = min(window, LOCAL_CHUNK)
+    n = math.ceil(T / c)
+    n_prev = math.ceil(window / c)
+    queries = _pad_to(q, n * c).view(B * H, n, c, D)
+    keys, values = (_windows(x, n, c, n_prev, n_sink) for x in (k, v))
+    parts = _local_masks(n, c, n_prev, window, n_sink, q)
+    outs, lses = zip(*(attend(queries[:, a:b], keys[:, a:b], values[:, a:b], mask) for a, b, mask in parts))
+    out, lse = torch.cat(outs, 1), torch.cat(lses, 1)
+    saved = (queries, keys, values, out, lse, *(mask for _, _, mask in parts))
+    return out.view(B, H, n * c, D)[:, :, :T], saved, ([(a, b) for a, b, _ in parts], T, c, n_prev, n_sink)
+
+
+def _local_backward(saved, meta, grad_out):
+    """Gradients (q, k, v) of _local_forward: (B, H, T, D) views into fresh buffers, which the caller may
+    add more gradient to."""
+    queries, keys, values, out, lse, *masks = saved
+    parts, T, c, n_prev, n_sink = meta
+    BH, n, _, D = queries.shape
+    B, H = grad_out.shape[:2]
+    grad_out = _pad_to(grad_out, n * c).reshape(BH, n, c, D)
+    grad_q = queries.new_empty(queries.shape)
+    grad_k, grad_v = (keys.new_zeros(BH, (n_prev + n) * c, D) for _ in range(2))  # padded, as the keys
+    for (a, b), mask in zip(parts, masks):
+        dq, dk, dv = attend_backward(grad_out[:, a:b], queries[:, a:b], keys[:, a:b], values[:, a:b],
+                                     out[:, a:b], lse[:, a:b], mask)
+        grad_q[:, a:b] = dq
+        for grad, d in ((grad_k, dk), (grad_v, dv)):
+            for j in range(n_prev + 1):  # window slot j of chunk i is padded chunk i + j
+                grad[:, (a + j) * c:(b + j) * c].view(BH, b - a, c, D).add_(
+                    d[:, :, n_sink + j * c:n_sink + (j + 1) * c])
+            if n_sink:
+                grad[:, n_prev * c:n_prev * c + n_sink] += d[:, :, :n_sink].sum(1)
+    grad_q = grad_q.view(B, H, n * c, D)[:, :, :T]
+    grad_k, grad_v = (g.view(B, H, -1, D)[:, :, n_prev * c:n_prev * c + T] for g in (grad_k, grad_v))
+    return grad_q, grad_k, grad_v
 
 
 def _pad_to(x, length):
@@ -152,55 +169,87 @@ def _merge(out, lse, block_out, block_lse):
     out.lerp_(block_out, (block_lse - lse).exp_().unsqueeze(-1))  # the block's share of the softmax
 
 
-class GatedRowsAttention(torch.autograd.Function):
+def _gated_forward(q_rows, k, v, pos, blocks):
     """Full causal attention of gathered query rows, over key blocks merged by their log-sum-exps.
 
     q_rows (B, H, M, D): each (batch, head)'s queries in position order, `pos` (B, H, M) their positions.
     Per key block [s, e) (`blocks`, from gated_rows), rows [b, M) see all of it in every batch and head: one
     call without a mask, over many rows, which the CPU kernel runs about as fast per score as dense attention;
-    rows [a, b) see part of it: one call with a mask; rows before a see none of it. The backward of each
-    call gets the merged output and log-sum-exp (attend_backward), so the blocks' gradients just add up."""
+    rows [a, b) see part of it: one call with a mask; rows before a see none of it. Returns the output and
+    the tensors _gated_backward needs."""
+    M = q_rows.shape[2]
+    out = torch.zeros_like(q_rows)
+    lse = q_rows.new_full(q_rows.shape[:3], float("-inf"))
+    masks = []
+    hidden, shown = q_rows.new_tensor(MASKED), q_rows.new_tensor(0.0)
+    for s, e, a, b in blocks:
+        keys, values = k[:, :, s:e], v[:, :, s:e]
+        mask = None
+        if a < b:
+            mask = torch.where(torch.arange(s, e, device=k.device) > pos[:, :, a:b, None], hidden, shown)
+            _merge(out[:, :, a:b], lse[:, :, a:b], *attend(q_rows[:, :, a:b], keys, values, mask))
+        if b < M:
+            _merge(out[:, :, b:], lse[:, :, b:], *attend(q_rows[:, :, b:], keys, values))
+        masks.append(mask)
+    return out, (q_rows, k, v, out, lse, *masks)
 
-    @staticmethod
-    def forward(ctx, q_rows, k, v, pos, blocks):
-        M = q_rows.shape[2]
-        out = torch.zeros_like(q_rows)
-        lse = q_rows.new_full(q_rows.shape[:3], float("-inf"))
-        masks = []
-        hidden, shown = q_rows.new_tensor(MASKED), q_rows.new_tensor(0.0)
-        for s, e, a, b in blocks:
-            keys, values = k[:, :, s:e], v[:, :, s:e]
-            mask = None
-            if a < b:
-                mask = torch.where(torch.arange(s, e, device=k.device) > pos[:, :, a:b, None], hidden, shown)
-                _merge(out[:, :, a:b], lse[:, :, a:b], *attend(q_rows[:, :, a:b], keys, values, mask))
-            if b < M:
-                _merge(out[:, :, b:], lse[:, :, b:], *attend(q_rows[:, :, b:], keys, values))
-            masks.append(mask)
-        ctx.save_for_backward(q_rows, k, v, out, lse, *masks)
-        ctx.blocks = blocks
-        return out
 
-    @staticmethod
-    def backward(ctx, grad_out):
-        q_rows, k, v, out, lse, *masks = ctx.saved_tensors
-        M = q_rows.shape[2]
-        grad_q, grad_k, grad_v = (_zeros_like_kernel_output(x) for x in (q_rows, k, v))
-        for (s, e, a, b), mask in zip(ctx.blocks, masks):
-            for lo, hi, block_mask in ((a, b, mask), (b, M, None)):
-                if lo < hi:
-                    dq, dk, dv = attend_backward(grad_out[:, :, lo:hi], q_rows[:, :, lo:hi], k[:, :, s:e],
-                                                 v[:, :, s:e], out[:, :, lo:hi], lse[:, :, lo:hi], block_mask)
-                    grad_q[:, :, lo:hi] += dq
-                    grad_k[:, :, s:e] += dk
-                    grad_v[:, :, s:e] += dv
-        return grad_q, grad_k, grad_v, None, None
+def _gated_backward(saved, blocks, grad_out, grad_k, grad_v):
+    """Adds the gradients of _gated_forward for k and v to grad_k and grad_v, returns the one for q_rows.
+    Each call's backward gets the merged output and log-sum-exp (attend_backward), so they just add up."""
+    q_rows, k, v, out, lse, *masks = saved
+    M = q_rows.shape[2]
+    grad_q = _zeros_like_kernel_output(q_rows)
+    for (s, e, a, b), mask in zip(blocks, masks):
+        for lo, hi, block_mask in ((a, b, mask), (b, M, None)):
+            if lo < hi:
+                dq, dk, dv = attend_backward(grad_out[:, :, lo:hi], q_rows[:, :, lo:hi], k[:, :, s:e],
+                                             v[:, :, s:e], out[:, :, lo:hi], lse[:, :, lo:hi], block_mask)
+                grad_q[:, :, lo:hi] += dq
+                grad_k[:, :, s:e] += dk
+                grad_v[:, :, s:e] += dv
+    return grad_q
 
 
 def _zeros_like_kernel_output(x):
     """Zeros like x (B, H, L, D) laid out as the CPU kernel's outputs, (B, L, H, D): adding those is faster."""
     B, H, L, D = x.shape
     return x.new_zeros(B, L, H, D).transpose(1, 2)
+
+
+class RoutedSparseAttention(torch.autograd.Function):
+    """routed_attention's 'sparse' mode: out = local + gate * (full - local), the full output computed for
+    gated rows only (gated_rows, _gated_forward) and added in place of a full-size delta. Written out so
+    that the gated rows' gradients go straight into the local attention's gradient buffers."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, gate, window, n_sink):
+        local, local_saved, ctx.local_meta = _local_forward(q, k, v, window, n_sink)
+        pos, valid, ctx.blocks = gated_rows(gate > 0.5, GATED_KEY_BLOCK)
+        index = pos.unsqueeze(-1).expand(*pos.shape, q.shape[-1])
+        acc = torch.promote_types(q.dtype, torch.float32)
+        full, gated_saved = _gated_forward(q.gather(2, index).to(acc), k.to(acc), v.to(acc), pos, ctx.blocks)
+        delta = full.to(q.dtype) - local.gather(2, index)
+        weight = gate.gather(2, pos) * valid
+        ctx.save_for_backward(pos, valid, delta, weight, *local_saved, *gated_saved)
+        ctx.n_local = len(local_saved)
+        return local.scatter_add(2, index, weight.unsqueeze(-1).to(q.dtype) * delta)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        pos, valid, delta, weight, *saved = ctx.saved_tensors
+        local_saved, gated_saved = saved[:ctx.n_local], saved[ctx.n_local:]
+        index = pos.unsqueeze(-1).expand(*delta.shape)
+        grad_rows = grad_out.gather(2, index)
+        grad_gate = torch.zeros(grad_out.shape[:3], dtype=weight.dtype, device=weight.device)
+        grad_gate.scatter_add_(2, pos, (delta * grad_rows).sum(-1).to(weight.dtype) * valid)
+        grad_full = weight.unsqueeze(-1).to(grad_rows.dtype) * grad_rows
+        grad_q, grad_k, grad_v = _local_backward(local_saved, ctx.local_meta,
+                                                 grad_out.scatter_add(2, index, -grad_full))
+        acc = gated_saved[0].dtype
+        grad_q_rows = _gated_backward(gated_saved, ctx.blocks, grad_full.to(acc), grad_k, grad_v)
+        grad_q.scatter_add_(2, index, grad_q_rows.to(grad_q.dtype))
+        return grad_q, grad_k, grad_v, grad_gate, None, None
 
 
 def gated_rows(gated, key_block):
@@ -224,15 +273,9 @@ def gated_rows(gated, key_block):
 
 def routed_attention(q, k, v, gate, window, n_sink=0, mode="exact"):
     """gate: float (B, H, T), 0/1 forward values carrying the straight-through gradient."""
-    local = local_attention(q, k, v, window, n_sink)
     if mode == "exact":
+        local = local_attention(q, k, v, window, n_sink)
         return local + gate.unsqueeze(-1).to(q.dtype) * (dense_attention(q, k, v) - local)
     if mode != "sparse":
         raise ValueError(f"routed mode must be 'exact' or 'sparse', got {mode!r}")
-    # out = local + gate * (full - local) on gated rows only, added in place of a full-size delta
-    pos, valid, blocks = gated_rows(gate.detach() > 0.5, GATED_KEY_BLOCK)
-    index = pos[..., None].expand(*pos.shape, q.shape[-1])
-    acc = torch.promote_types(q.dtype, torch.float32)
-    full = GatedRowsAttention.apply(q.gather(2, index).to(acc), k.to(acc), v.to(acc), pos, blocks)
-    weight = (gate.gather(2, pos) * valid).unsqueeze(-1).to(q.dtype)
-    return local.scatter_add(2, index, weight * (full.to(q.dtype) - local.gather(2, index)))
+    return RoutedSparseAttention.apply(q, k, v, gate, window, _sinks(n_sink, window, q.shape[2]))
