@@ -78,20 +78,21 @@ def _local_backward(saved, meta, grad_out):
     BH, n, _, D = queries.shape
     B, H = grad_out.shape[:2]
     grad_out = _pad_to(grad_out, n * c).reshape(BH, n, c, D)
-    grad_q = queries.new_empty(queries.shape)
-    grad_k, grad_v = (keys.new_zeros(BH, (n_prev + n) * c, D) for _ in range(2))  # padded, as the keys
+    grad_q, grad_k, grad_v = (queries.new_empty(queries.shape) for _ in range(3))  # (BH, n, c, D)
     for (a, b), mask in zip(parts, masks):
         dq, dk, dv = attend_backward(grad_out[:, a:b], queries[:, a:b], keys[:, a:b], values[:, a:b],
                                      out[:, a:b], lse[:, a:b], mask)
         grad_q[:, a:b] = dq
         for grad, d in ((grad_k, dk), (grad_v, dv)):
-            for j in range(n_prev + 1):  # window slot j of chunk i is padded chunk i + j
-                grad[:, (a + j) * c:(b + j) * c].view(BH, b - a, c, D).add_(
-                    d[:, :, n_sink + j * c:n_sink + (j + 1) * c])
+            window_slot = [d[:, :, n_sink + j * c:n_sink + (j + 1) * c] for j in range(n_prev + 1)]
+            grad[:, a:b] = window_slot[n_prev]  # the chunk itself; chunks before `a` are complete by now
+            for j in range(n_prev):  # chunk i - (n_prev - j); those before position 0 get no gradient
+                back = n_prev - j
+                if max(a, back) < b:
+                    grad[:, max(a, back) - back:b - back] += window_slot[j][:, max(a, back) - a:]
             if n_sink:
-                grad[:, n_prev * c:n_prev * c + n_sink] += d[:, :, :n_sink].sum(1)
-    grad_q = grad_q.view(B, H, n * c, D)[:, :, :T]
-    grad_k, grad_v = (g.view(B, H, -1, D)[:, :, n_prev * c:n_prev * c + T] for g in (grad_k, grad_v))
+                grad.view(BH, n * c, D)[:, :n_sink] += d[:, :, :n_sink].sum(1)
+    grad_q, grad_k, grad_v = (g.view(B, H, n * c, D)[:, :, :T] for g in (grad_q, grad_k, grad_v))
     return grad_q, grad_k, grad_v
 
 
