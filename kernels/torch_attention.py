@@ -3,10 +3,12 @@
 - local: queries in chunks; every chunk reads the sinks and the keys from `window` before it to its end,
   under a mask (LocalAttention), so the cost grows with T * window, not T^2.
 - routed, 'exact': full and local outputs for every token (exact straight-through gradient).
-- routed, 'sparse': local output for every token, full output only for gated tokens (GatedRowsAttention).
+- routed, 'sparse': local output for every token, full output only for gated tokens, over key blocks
+  merged by their log-sum-exps (RoutedSparseAttention).
 
-Both custom functions call `attend`: attention over one block of keys that also returns the log-sum-exp,
-so that blocks merge exactly (the fused flash kernel on CPU, plain matmuls elsewhere).
+Forward and backward are written out on `attend` / `attend_backward`: attention over one block of keys
+that also returns the log-sum-exp, and its backward given the output and log-sum-exp over all the blocks
+a row reads (the fused flash kernel on CPU, plain matmuls elsewhere).
 """
 import math
 
@@ -15,9 +17,9 @@ import torch.nn.functional as F
 
 LOCAL_CHUNK = 64  # most queries per local chunk: longer ones read more masked keys, shorter ones run
                  # the kernel on fewer rows at a time; 64 measured faster than 128 and 32
-MASKED = -1e30  # GatedRowsAttention's mask value: finite, so rows that read none of a block get a finite
+MASKED = -1e30  # _gated_forward's mask value: finite, so rows that read none of a block get a finite
                 # log-sum-exp near -1e30 (not NaN) and merge with weight exp(-1e30 - lse) = 0
-GATED_KEY_BLOCK = 256  # keys per GatedRowsAttention block: larger ones mask more scores, smaller ones
+GATED_KEY_BLOCK = 256  # keys per _gated_forward block: larger ones mask more scores, smaller ones
                        # cost more calls and merges
 
 
@@ -54,7 +56,7 @@ class LocalAttention(torch.autograd.Function):
 
 def _local_forward(q, k, v, window, n_sink):
     """Every chunk's window is a view into one padded copy of the keys (of the values); the backward folds
-    the windows' gradients back onto it (autograd's unfold backward measured several times slower). The
+    the windows' gradients back onto the keys (autograd's unfold backward measured several times slower). The
     chunks from `first` on (_local_masks) share one mask, passed once for all of them; the first ones get
     a call of their own. Returns the output, the tensors _local_backward needs and its other arguments."""
     B, H, T, D = q.shape
@@ -85,7 +87,7 @@ def _local_backward(saved, meta, grad_out):
         grad_q[:, a:b] = dq
         for grad, d in ((grad_k, dk), (grad_v, dv)):
             window_slot = [d[:, :, n_sink + j * c:n_sink + (j + 1) * c] for j in range(n_prev + 1)]
-            grad[:, a:b] = window_slot[n_prev]  # the chunk itself; chunks before `a` are complete by now
+            grad[:, a:b] = window_slot[n_prev]  # the chunk's own slot first: the others add to earlier chunks
             for j in range(n_prev):  # chunk i - (n_prev - j); those before position 0 get no gradient
                 back = n_prev - j
                 if max(a, back) < b:
@@ -213,7 +215,7 @@ def _gated_backward(saved, blocks, grad_out, grad_k, grad_v):
 
 
 def _zeros_like_kernel_output(x):
-    """Zeros like x (B, H, L, D) laid out as the CPU kernel's outputs, (B, L, H, D): adding those is faster."""
+    """Zeros like x (B, H, L, D) laid out as the CPU kernel's outputs, (B, L, H, D), which add faster."""
     B, H, L, D = x.shape
     return x.new_zeros(B, L, H, D).transpose(1, 2)
 
@@ -256,7 +258,7 @@ class RoutedSparseAttention(torch.autograd.Function):
 def gated_rows(gated, key_block):
     """Positions (B, H, M) of each (batch, head)'s gated tokens in order, M the largest count, and `valid`
     marking them; the rows are right-aligned: a (batch, head) with fewer gated tokens is padded at the
-    front with position 0, where rows read the fewest keys. Also GatedRowsAttention's key blocks: per block
+    front with position 0, where rows read the fewest keys. Also _gated_forward's key blocks: per block
     [s, e), the first row that reads any of it and the first that reads all of it, over all batches and heads
     (the positions grow along the rows in each, so the rows reading any or all of a block are a suffix)."""
     B, H, T = gated.shape

@@ -76,7 +76,8 @@ def test_runs_in_half_precision(kind, mode, dtype):
 
 
 @pytest.mark.parametrize("kind,mode", KINDS)
-@pytest.mark.parametrize("T,window,n_sink,gate_frac", [(300, 16, 5, 0.3), (500, 200, 150, 0.1), (10, 16, 4, 0.5)])
+@pytest.mark.parametrize("T,window,n_sink,gate_frac",
+                         [(300, 16, 5, 0.3), (500, 200, 150, 0.1), (10, 16, 4, 0.5)])
 def test_matmul_fallback_matches_reference(monkeypatch, kind, mode, T, window, n_sink, gate_frac):
     """attend / attend_backward as on devices without the fused CPU kernel."""
     monkeypatch.setattr(torch_attention, "_cpu_kernel", lambda x: False)
