@@ -93,6 +93,16 @@ def test_gated_rows_any_key_block(monkeypatch, key_block):
     assert_matches_reference(q, k, v, gate, "routed", 16, 2, "sparse", atol=1e-10)
 
 
+@pytest.mark.parametrize("call_size", [1, 4000, 70000])
+@pytest.mark.parametrize("kind,mode", [("local", "exact"), ("routed", "sparse")])
+@pytest.mark.parametrize("T,window,n_sink", [(300, 16, 5), (500, 200, 150)])
+def test_local_chunks_in_several_calls(monkeypatch, call_size, kind, mode, T, window, n_sink):
+    """One chunk per kernel call, or a few: the windows' gradients folded across calls."""
+    monkeypatch.setattr(torch_attention, "LOCAL_CALL_SIZE", call_size)
+    q, k, v, gate = make_inputs(T=T)
+    assert_matches_reference(q, k, v, gate, kind, window, n_sink, mode, atol=1e-10)
+
+
 @pytest.mark.parametrize("mode", ["exact", "sparse"])
 def test_routed_with_one_head_never_gated(mode):
     q, k, v, gate = make_inputs(T=200)
