@@ -36,9 +36,9 @@ def assert_matches_reference(q, k, v, gate, kind, window, n_sink, mode, atol):
         torch.testing.assert_close(a, b, atol=atol, rtol=atol, msg=f"{name} differs")
 
 
-# (T, window, n_sink, gate_frac): T mostly a multiple of no chunk size (local chunks are min(window, 128),
-# gated rows read keys in blocks of 256), windows above the local chunk size, T below the window, sinks up
-# to the window, no and all tokens gated
+# (T, window, n_sink, gate_frac): T mostly a multiple of no chunk size (local chunks are min(window, 64)),
+# windows above the local chunk size, T below the window, sinks up to the window, no and all tokens gated;
+# gated rows' key blocks (512 keys) and local kernel calls of a few chunks are tested apart below
 CASES = [
     (300, 16, 0, 0.3),
     (300, 16, 5, 0.3),
