@@ -94,8 +94,14 @@ def _local_backward(saved, meta, grad_out):
         grad_q[:, a:b] = dq
         for grad, d in ((grad_k, dk), (grad_v, dv)):
             window_slot = [d[:, :, n_sink + j * c:n_sink + (j + 1) * c] for j in range(n_prev + 1)]
-            grad[:, a:b] = window_slot[n_prev]  # the chunk's own slot first: the others add to earlier chunks
-            for j in range(n_prev):  # chunk i - (n_prev - j); those before position 0 get no gradient
+            # the chunk's own slot plus the next chunk's slot for it in one pass (the next chunk of the
+            # last one is in the next call), then the others add to earlier chunks
+            own, next_slot = window_slot[n_prev], window_slot[n_prev - 1]
+            torch.add(own[:, :-1], next_slot[:, 1:], out=grad[:, a:b - 1])
+            grad[:, b - 1] = own[:, -1]
+            if a > 0:
+                grad[:, a - 1] += next_slot[:, 0]
+            for j in range(n_prev - 1):  # chunk i - (n_prev - j); those before position 0 get no gradient
                 back = n_prev - j
                 if max(a, back) < b:
                     grad[:, max(a, back) - back:b - back] += window_slot[j][:, max(a, back) - a:]
