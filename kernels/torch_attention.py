@@ -191,37 +191,47 @@ def _gated_forward(q_rows, k, v, pos, blocks):
     q_rows (B, H, M, D): each (batch, head)'s queries in position order, `pos` (B, H, M) their positions.
     Per key block [s, e) (`blocks`, from gated_rows), rows [b, M) see all of it in every batch and head: one
     call without a mask, over many rows, which the CPU kernel runs about as fast per score as dense attention;
-    rows [a, b) see part of it: one call with a mask; rows before a see none of it. Returns the output and
-    the tensors _gated_backward needs."""
+    rows [a, b) see part of it: one call with a mask (_block_masks); rows before a see none of it. Returns
+    the output and the tensors _gated_backward needs."""
     M = q_rows.shape[2]
     out = torch.zeros_like(q_rows)
     lse = q_rows.new_full(q_rows.shape[:3], float("-inf"))
-    masks = []
-    block = max(e - s for s, e, _, _ in blocks)
-    # row i + 1: the mask of a row at key i of its block, so a block's mask is rows gathered from this
-    # table (index_select copies whole rows: several times faster than comparing positions elementwise
-    # or than advanced indexing)
-    mask_rows = q_rows.new_full((block + 1, block), MASKED).triu_()
-    for s, e, a, b in blocks:
+    for (s, e, a, b), mask in zip(blocks, _block_masks(pos, blocks, q_rows.dtype)):
         keys, values = k[:, :, s:e], v[:, :, s:e]
-        mask = None
         if a < b:
-            row = (pos[:, :, a:b] - (s - 1)).clamp_(0, block)
-            mask = mask_rows.index_select(0, row.flatten()).view(*row.shape, block)[..., :e - s]
             _merge(out[:, :, a:b], lse[:, :, a:b], *attend(q_rows[:, :, a:b], keys, values, mask))
         if b < M:
             _merge(out[:, :, b:], lse[:, :, b:], *attend(q_rows[:, :, b:], keys, values))
-        masks.append(mask)
-    return out, (q_rows, k, v, out, lse, *masks)
+    return out, (q_rows, k, v, out, lse, pos)
+
+
+def _block_masks(pos, blocks, dtype):
+    """Each block's mask for its rows [a, b) that see part of it (None where there are none), all in one
+    buffer that the next overwrites, and built again for the backward: masks kept for the backward would be
+    megabytes of fresh memory per block, whose page faults cost more than building them twice (at T=4096,
+    1 thread: 2.7k faults per forward). Row i + 1 of the table is the mask of a row at key i of its block,
+    so a block's mask is a copy of table rows (index_select copies whole rows: several times faster than
+    comparing positions or than advanced indexing)."""
+    B, H = pos.shape[:2]
+    block = max(e - s for s, e, _, _ in blocks)
+    mask_rows = torch.full((block + 1, block), MASKED, dtype=dtype, device=pos.device).triu_()
+    buffer = mask_rows.new_empty(B * H * max(b - a for _, _, a, b in blocks), block)
+    for s, e, a, b in blocks:
+        if a == b:
+            yield None
+            continue
+        row = (pos[:, :, a:b] - (s - 1)).clamp_(0, block)
+        mask = torch.index_select(mask_rows, 0, row.flatten(), out=buffer[:row.numel()])
+        yield mask.view(*row.shape, block)[..., :e - s]
 
 
 def _gated_backward(saved, blocks, grad_out, grad_k, grad_v):
     """Adds the gradients of _gated_forward for k and v to grad_k and grad_v, returns the one for q_rows.
     Each call's backward gets the merged output and log-sum-exp (attend_backward), so they just add up."""
-    q_rows, k, v, out, lse, *masks = saved
+    q_rows, k, v, out, lse, pos = saved
     M = q_rows.shape[2]
     grad_q = _zeros_like_kernel_output(q_rows)
-    for (s, e, a, b), mask in zip(blocks, masks):
+    for (s, e, a, b), mask in zip(blocks, _block_masks(pos, blocks, q_rows.dtype)):
         for lo, hi, block_mask in ((a, b, mask), (b, M, None)):
             if lo < hi:
                 dq, dk, dv = attend_backward(grad_out[:, :, lo:hi], q_rows[:, :, lo:hi], k[:, :, s:e],
