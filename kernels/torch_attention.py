@@ -63,8 +63,8 @@ def _local_forward(q, k, v, window, n_sink):
     """Every chunk's window is a view into one padded copy of the keys (of the values); the backward folds
     the windows' gradients back onto the keys (autograd's unfold backward measured several times slower).
     Chunks go to the kernel a few at a time (LOCAL_CALL_SIZE); those from `first` on (_local_masks) share
-    one mask, passed once for all of them. Returns the output, the tensors _local_backward needs and its
-    other arguments."""
+    one mask, passed once for all of them. Returns the output (a fresh buffer, not saved: the caller may
+    change it in place), the tensors _local_backward needs and its other arguments."""
     B, H, T, D = q.shape
     c = min(window, LOCAL_CHUNK)
     n = math.ceil(T / c)
@@ -74,23 +74,24 @@ def _local_forward(q, k, v, window, n_sink):
     per_call = max(1, LOCAL_CALL_SIZE // (B * H * keys.shape[2] * D))
     parts = _local_masks(n, c, n_prev, window, n_sink, per_call, q)
     outs, lses = zip(*(attend(queries[:, a:b], keys[:, a:b], values[:, a:b], mask) for a, b, mask in parts))
-    out, lse = torch.cat(outs, 1), torch.cat(lses, 1)
-    saved = (queries, keys, values, out, lse, *(mask for _, _, mask in parts))
-    return out.view(B, H, n * c, D)[:, :, :T], saved, ([(a, b) for a, b, _ in parts], T, c, n_prev, n_sink)
+    saved = (queries, keys, values, *outs, *lses, *(mask for _, _, mask in parts))  # per call
+    out = torch.cat(outs, 1).view(B, H, n * c, D)[:, :, :T]
+    return out, saved, ([(a, b) for a, b, _ in parts], T, c, n_prev, n_sink)
 
 
 def _local_backward(saved, meta, grad_out):
     """Gradients (q, k, v) of _local_forward: (B, H, T, D) views into fresh buffers, which the caller may
     add more gradient to."""
-    queries, keys, values, out, lse, *masks = saved
+    queries, keys, values, *per_call = saved
     parts, T, c, n_prev, n_sink = meta
+    outs, lses, masks = (per_call[i * len(parts):(i + 1) * len(parts)] for i in range(3))
     BH, n, _, D = queries.shape
     B, H = grad_out.shape[:2]
     grad_out = _pad_to(grad_out, n * c).reshape(BH, n, c, D)
     grad_q, grad_k, grad_v = (queries.new_empty(queries.shape) for _ in range(3))  # (BH, n, c, D)
-    for (a, b), mask in zip(parts, masks):
+    for (a, b), out, lse, mask in zip(parts, outs, lses, masks):
         dq, dk, dv = attend_backward(grad_out[:, a:b], queries[:, a:b], keys[:, a:b], values[:, a:b],
-                                     out[:, a:b], lse[:, a:b], mask)
+                                     out, lse, mask)
         grad_q[:, a:b] = dq
         for grad, d in ((grad_k, dk), (grad_v, dv)):
             window_slot = [d[:, :, n_sink + j * c:n_sink + (j + 1) * c] for j in range(n_prev + 1)]
@@ -264,7 +265,7 @@ class RoutedSparseAttention(torch.autograd.Function):
         weight = gate.gather(2, pos) * valid
         ctx.save_for_backward(pos, valid, delta, weight, *local_saved, *gated_saved)
         ctx.n_local = len(local_saved)
-        return local.scatter_add(2, index, weight.unsqueeze(-1).to(q.dtype) * delta)
+        return local.scatter_add_(2, index, weight.unsqueeze(-1).to(q.dtype) * delta)  # local: a fresh buffer
 
     @staticmethod
     def backward(ctx, grad_out):
