@@ -176,3 +176,17 @@ def test_routed_all_gates_one_is_dense_and_zero_is_local(mode, n_sink):
                                reference_out(q, k, v, "dense"), atol=1e-12, rtol=0)
     torch.testing.assert_close(reference_out(q, k, v, "routed", 8, n_sink, zeros, mode),
                                reference_out(q, k, v, "local", 8, n_sink), atol=0, rtol=0)
+
+
+def test_gated_rows_positions():
+    """Each (batch, head)'s gated positions in order, right-aligned, padded at the front with position 0."""
+    gated = torch.rand(2, 3, 50, generator=torch.Generator().manual_seed(0)) < 0.3
+    gated[0, 1] = False  # a (batch, head) with no gated token
+    pos, valid, _ = torch_attention.gated_rows(gated, 16)
+    M = int(gated.sum(-1).max())
+    for b in range(2):
+        for h in range(3):
+            expected = gated[b, h].nonzero().flatten()
+            padding = M - len(expected)
+            assert torch.equal(pos[b, h], torch.cat([expected.new_zeros(padding), expected]))
+            assert torch.equal(valid[b, h], torch.arange(M) >= padding)
