@@ -6,5 +6,5 @@ router_init_bias = 2.0      # p = 0.88: every head starts clearly global, not on
 router_lambda = 0.01
 router_lambda_start = 300   # no penalty while the model learns recall with full attention ...
 router_lambda_ramp = 300    # ... then a slow ramp
-router_budget = 0.03        # no push on a layer whose mean router probability is below 3% (answers: 16 / 512 = 3.1%)
+router_budget = 0.01        # no push on a layer whose mean router probability is below 1% (answers: 4 / 512 = 0.8%)
 p_dense = 0.1               # 10% of steps all-global: the full-attention path keeps learning

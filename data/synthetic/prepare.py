@@ -1,6 +1,6 @@
 """Write a synthetic long-range task (data/synthetic/tasks.py) as token files that train.py reads directly.
 
-    python data/synthetic/prepare.py --task=recall --block_size=512 --window=32 --n_pairs=16 --out_dir=data/recall
+    python data/synthetic/prepare.py --task=recall --block_size=512 --window=32 --n_pairs=4 --n_queries=4 --out_dir=data/recall
     python data/synthetic/prepare.py --task=copy --block_size=256 --span_len=8 --min_distance=64
     python data/shakespeare_char/prepare.py && python data/synthetic/prepare.py --task=needle \\
         --text_dir=data/shakespeare_char --block_size=512 --value_len=3
