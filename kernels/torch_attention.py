@@ -106,7 +106,7 @@ def _local_backward(saved, meta, grad_out):
                 back = n_prev - j
                 if max(a, back) < b:
                     grad[:, max(a, back) - back:b - back] += window_slot[j][:, max(a, back) - a:]
-            if n_sink:
+            if n_sink:  # queries read only sinks before their window, in chunks already written
                 grad.view(BH, n * c, D)[:, :n_sink] += d[:, :, :n_sink].sum(1)
     grad_q, grad_k, grad_v = (g.view(B, H, n * c, D)[:, :, :T] for g in (grad_q, grad_k, grad_v))
     return grad_q, grad_k, grad_v
