@@ -35,6 +35,19 @@ def test_recall_labels_by_hand():
     assert needs_global(ex.source, 7).tolist() == [0] * 10
 
 
+def test_recall_repeated_queries_by_hand():
+    # ids: filler 0, keys 1-2, values 3-4. One pair (key 1, value 0) at 0-1, asked at 2 (answer 3) and at 8
+    # (answer 9): the second answer's source is the first answer, not the pair.
+    task = Recall(n_pairs=1, n_queries=2, n_keys=2, n_values=2, n_filler=1, repeat_queries=True)
+    ex = task.build(10, keys=[1], values=[0], asked=[0, 0], query_starts=[2, 8], filler=[0] * 10)
+    assert ex.tokens.tolist() == [2, 3, 2, 3, 0, 0, 0, 0, 2, 3]
+    assert ex.source.tolist() == [-1, -1, -1, 1, -1, -1, -1, -1, -1, 3]
+    assert needs_global(ex.source, 5).tolist() == [0] * 9 + [1]
+    assert needs_global(ex.source, 6).tolist() == [0] * 10
+    asked = Recall(n_pairs=2, n_queries=20, repeat_queries=True).example(np.random.default_rng(0), 64).answer
+    assert asked.sum() == 20
+
+
 def test_copy_labels_by_hand():
     # ids: filler 0-1, symbols 2-5, COPY 6. The span (3, 0) at 1-2, COPY at 5, the repeat at 6-7.
     task = Copy(span_len=2, n_symbols=4, n_filler=2)
@@ -143,7 +156,7 @@ def test_command_line_options_belong_to_the_chosen_task(tmp_path):
         parse(["--task=copy", "--n_pairs=3"])
     with pytest.raises(ConfigError, match="choose one of recall, copy, needle"):
         parse(["--task=sort"])
-    with pytest.raises(ValueError, match="n_queries"):
+    with pytest.raises(ValueError, match="repeat_queries=True"):
         generate(SyntheticConfig(out_dir=str(tmp_path)), Recall(n_pairs=2, n_queries=3))
 
 

@@ -51,7 +51,9 @@ def place(rng, lo, hi, n, length):
 class Recall:
     """Multi-query associative recall (MQAR, as in Zoology): n_pairs key-value pairs open the example, then
     n_queries of those keys come back at random places, each followed by its value, the answer. Filler tokens
-    everywhere else. Keys are distinct, values random: an answer needs the value of its pair, nothing nearer."""
+    everywhere else. Keys are distinct, values random: an answer needs the value of its pair, nothing nearer.
+    With repeat_queries a pair may be asked several times (n_queries may exceed n_pairs): more answers per
+    example, and an answer's source is the latest earlier occurrence of its pair, which may be a query."""
     n_pairs: int = 16
     n_queries: int = 16
     n_keys: int = 64
@@ -59,11 +61,15 @@ class Recall:
     n_filler: int = 16
     min_gap: int = 0  # queries start at least min_gap tokens after the pairs ...
     max_gap: int = 0  # ... and end at most max_gap tokens after them (0: anywhere up to the end)
+    repeat_queries: bool = False  # queries drawn with replacement from the pairs
 
     def validate(self):
-        if not 1 <= self.n_queries <= self.n_pairs <= self.n_keys:
-            raise ValueError(f"need 1 <= n_queries ({self.n_queries}) <= n_pairs ({self.n_pairs}) <= n_keys "
-                             f"({self.n_keys}): queried keys are distinct pairs, and pairs have distinct keys")
+        if not 1 <= self.n_pairs <= self.n_keys or self.n_queries < 1:
+            raise ValueError(f"need 1 <= n_pairs ({self.n_pairs}) <= n_keys ({self.n_keys}) and n_queries >= 1 "
+                             f"({self.n_queries}): pairs have distinct keys")
+        if self.n_queries > self.n_pairs and not self.repeat_queries:
+            raise ValueError(f"n_queries ({self.n_queries}) > n_pairs ({self.n_pairs}) asks some pair twice: "
+                             f"set repeat_queries=True or use n_queries <= n_pairs")
 
     @property
     def vocab_size(self):
@@ -79,21 +85,24 @@ class Recall:
         hi = min(seq_len, pairs_end + self.max_gap) if self.max_gap else seq_len
         return self.build(seq_len, keys=rng.choice(self.n_keys, self.n_pairs, replace=False),
                           values=rng.integers(self.n_values, size=self.n_pairs),
-                          asked=rng.choice(self.n_pairs, self.n_queries, replace=False),
+                          asked=rng.choice(self.n_pairs, self.n_queries, replace=self.repeat_queries),
                           query_starts=place(rng, pairs_end + self.min_gap, hi, self.n_queries, 2),
                           filler=rng.integers(self.n_filler, size=seq_len), offset=offset)
 
     def build(self, seq_len, keys, values, asked, query_starts, filler, offset=0):
         """The example from its choices: pair p at positions 2p, 2p+1; query q asks pair asked[q] at
-        query_starts[q] (key), its answer one later."""
+        query_starts[q] (key), its answer one later. The source of an answer is the latest earlier value of its
+        pair (query_starts are sorted)."""
         ranges = self.token_ranges()
         key_ids, value_ids = ranges["keys"][0] + np.asarray(keys), ranges["values"][0] + np.asarray(values)
         tokens = np.array(filler, dtype=np.int64)
         tokens[0:2 * len(keys):2], tokens[1:2 * len(keys):2] = key_ids, value_ids
         answer, source = np.zeros(seq_len, np.uint8), np.full(seq_len, -1, np.int64)
+        latest_value = 2 * np.arange(len(keys)) + 1
         for pair, start in zip(asked, query_starts):
             tokens[start], tokens[start + 1] = key_ids[pair], value_ids[pair]
-            answer[start + 1], source[start + 1] = 1, 2 * pair + 1
+            answer[start + 1], source[start + 1] = 1, latest_value[pair]
+            latest_value[pair] = start + 1
         return Example(tokens + offset, answer, source)
 
 
