@@ -29,6 +29,7 @@ class TrainConfig:
     data_dir: str = ""
     doc_aligned_windows: bool = False    # training and val windows start at a document start (data/loader.py)
     init_from: str = "scratch"           # 'scratch', 'resume' (from out_dir), or a checkpoint path to fine-tune
+    trainable: str = "all"               # 'all', or 'router': only the routers learn (the rest stays frozen)
     batch_size: int = 4
     grad_accum: int = 1
     max_iters: int = 750
@@ -221,6 +222,13 @@ def train(tcfg, mcfg):
     torch.manual_seed(tcfg.seed + rank)
     generator = torch.Generator().manual_seed(tcfg.seed + rank)  # data windows and forced-global draws
     model = GPT(mcfg).to(device)
+    if tcfg.trainable not in ("all", "router"):
+        raise ValueError(f"trainable={tcfg.trainable!r}: use 'all' or 'router'")
+    if tcfg.trainable == "router":
+        if mcfg.routing != "learned" or "R" not in mcfg.layer_letters:
+            raise ValueError("trainable='router' needs learned routers: a schedule with R and routing='learned'")
+        for name, param in model.named_parameters():
+            param.requires_grad_(".router." in name)
     optimizer = configure_optimizer(model, tcfg, device_type)
     iter_num, best_val = 0, float("inf")
     if tcfg.init_from == "resume":

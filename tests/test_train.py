@@ -52,6 +52,19 @@ def test_finetune_dense_checkpoint_into_routed_model(tmp_path, tiny_corpus):
                              init_from=str(tmp_path / "dense" / "out")))
 
 
+def test_router_only_finetune_leaves_the_rest_frozen(tmp_path, tiny_corpus):
+    train.train(*configs(tmp_path / "dense", tiny_corpus, max_iters=2, schedule="G"))
+    dense = torch.load(tmp_path / "dense" / "out" / "ckpt.pt", weights_only=False)["model"]
+    train.train(*configs(tmp_path / "ft", tiny_corpus, max_iters=5, schedule="R", trainable="router",
+                         router_lambda_ramp=0, init_from=str(tmp_path / "dense" / "out")))
+    tuned = torch.load(tmp_path / "ft" / "out" / "ckpt.pt", weights_only=False)["model"]
+    routers = [name for name in tuned if ".router." in name]
+    assert routers and all(torch.equal(tuned[name], dense[name]) for name in dense)
+    assert any(not torch.equal(tuned[name], torch.zeros_like(tuned[name])) for name in routers)
+    with pytest.raises(ValueError, match="needs learned routers"):
+        train.train(*configs(tmp_path / "g", tiny_corpus, max_iters=1, schedule="G", trainable="router"))
+
+
 def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
     path = str(tmp_path / "ckpt.pt")
     train.save_checkpoint(path, {"iter_num": 1})
