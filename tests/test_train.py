@@ -108,6 +108,16 @@ def test_config_errors_name_the_key(tmp_path):
     assert mcfg.schedule == "LG" and mcfg.window == 32 and tcfg.progress_bar is True
 
 
+def test_every_config_file_parses():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    names = sorted(os.listdir(os.path.join(root, "configs")))
+    assert "recall_finetune.py" in names
+    for name in names:  # recall_*.py are overlays on recall.py
+        files = ["configs/recall.py"] * name.startswith("recall_") + [f"configs/{name}"]
+        tcfg, mcfg = parse_args([os.path.join(root, f) for f in files], TrainConfig, GPTConfig)
+        assert tcfg.max_iters > 0 and mcfg.window <= mcfg.block_size
+
+
 def test_train_and_sample_command_lines(tmp_path, tiny_corpus):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = tmp_path / "out"
