@@ -1,6 +1,7 @@
-# Routing fine-tuned onto the dense model of configs/recall.py (results/recall.md section 1b): every weight
-# learns, routers start at p = 0.5 (all global, as L2A), and lambda is 100x the from-scratch recipe's, which
-# was too weak to close the heads of a trained model:
+# Routing fine-tuned onto the dense model of configs/recall.py (results/recall.md section 1b: 35.3% accuracy at
+# 1.4% global, against dense's 34.1% after as many steps). Every weight learns, the routers start at p = 0.5
+# (all global, as in L2A), and lambda is 100x the from-scratch recipe's, which is too weak to close the heads
+# of a trained model:
 # python train.py configs/recall.py && python train.py configs/recall.py configs/recall_finetune.py
 out_dir = "out/recall_finetune"
 init_from = "out/recall_dense/ckpt.pt"
@@ -11,7 +12,7 @@ router_lambda_start = 0
 router_lambda_ramp = 100
 router_budget = 0.01
 p_dense = 0.1
-max_iters = 1000
+max_iters = 2000
 learning_rate = 1e-3
 min_lr = 1e-3
 warmup_iters = 0
