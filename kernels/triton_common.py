@@ -30,12 +30,22 @@ def interpreting():
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def launch_config(head_dim):
+def launch_config(head_dim, dtype):
     """Tile sizes and launch options. The interpreter (CPU tests) uses 16-wide tiles so that small test
-    sequences still span many tiles; on the GPU 64 x 64 tiles keep the window overhead (w + BLOCK_M keys
-    read per query tile instead of w) low while staying tensor-core friendly."""
+    sequences still span many tiles; on the GPU, gpu_launch_config."""
     if interpreting():
         return dict(BLOCK_M=16, BLOCK_N=16)
+    return gpu_launch_config(head_dim, dtype)
+
+
+def gpu_launch_config(head_dim, dtype):
+    """16-bit inputs: 64 x 64 tiles keep the window overhead (w + BLOCK_M keys read per query tile instead of w)
+    low while staying tensor-core friendly. fp32 at "highest" precision runs tl.dot on FMA units, which holds
+    far more in registers: compiled for sm_90 (bench/compile_kernels.py), 64 x 64 tiles spill 1-14 KB per
+    thread at D >= 64 and 32 x 32 tiles at most 4 KB, so fp32 gets 32 x 32 (it is a correctness path; train
+    in bf16)."""
+    if dtype == torch.float32:
+        return dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2)
     return dict(BLOCK_M=64, BLOCK_N=64, num_warps=4 if head_dim <= 64 else 8, num_stages=2)
 
 
@@ -112,6 +122,22 @@ def score_grads(q, k, v, do, lse, delta, visible, qk_scale, PREC: tl.constexpr):
     p = tl.exp2(tl.where(visible, s, float("-inf")) - lse[:, None])
     dp = tl.dot(do, tl.trans(v), input_precision=PREC)
     return p, p * (dp - delta[:, None])
+
+
+@triton.jit
+def load_rows_t(base, rows, stride_t, valid, D: tl.constexpr):
+    """load_rows transposed, (D, len(rows)), read that way from memory rather than transposed in registers."""
+    return tl.load(base + rows[None, :] * stride_t + tl.arange(0, D)[:, None], mask=valid[None, :], other=0.0)
+
+
+@triton.jit
+def key_grads(k, v, q_t, do, lse, delta, visible_t, qk_scale, PREC: tl.constexpr):
+    """score_grads computed key-major: p^T and ds^T, (BLOCK_N, BLOCK_M), for the dK/dV loops, whose products
+    dV += p^T dO and dK += ds^T Q then need no transposed score tiles."""
+    s_t = tl.dot(k, q_t, input_precision=PREC) * qk_scale
+    p_t = tl.exp2(tl.where(visible_t, s_t, float("-inf")) - lse[None, :])
+    dp_t = tl.dot(v, tl.trans(do), input_precision=PREC)
+    return p_t, p_t * (dp_t - delta[None, :])
 
 
 @triton.jit

@@ -13,9 +13,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_common import (LOG2E, bht_strides, dot_precision, head_ptr, launch_config, load_rows,
-                                   output_buffer, row_dot, rows_contiguous, score_grads, softmax_finish,
-                                   softmax_step, store_rows)
+from kernels.triton_common import (LOG2E, bht_strides, dot_precision, head_ptr, key_grads, launch_config,
+                                   load_rows, load_rows_t, output_buffer, row_dot, rows_contiguous, score_grads,
+                                   softmax_finish, softmax_step, store_rows)
 
 
 def compact_gated(hard):
@@ -109,13 +109,13 @@ def _global_bwd_dkdv_kernel(Q, K, V, POS, DO, LSE, DELTA, FIRST_ROW, COUNT, DK, 
         rows = r0 + tl.arange(0, BLOCK_M)
         is_gated = rows < n_gated
         pos = _load_positions(POS, bh, rows, n_gated, n_rows)
-        q = load_rows(Q, pos, sqt, is_gated, D)
+        q_t = load_rows_t(Q, pos, sqt, is_gated, D)
         do = load_rows(DO, rows, sdt, is_gated, D)
         lse = tl.load(LSE + bh * n_rows + rows, mask=is_gated, other=0.0)
         delta = tl.load(DELTA + bh * n_rows + rows, mask=is_gated, other=0.0)
-        p, ds = score_grads(q, k, v, do, lse, delta, keys[None, :] <= pos[:, None], qk_scale, PREC)
-        dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC)
-        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PREC)
+        p_t, ds_t = key_grads(k, v, q_t, do, lse, delta, keys[:, None] <= pos[None, :], qk_scale, PREC)
+        dv += tl.dot(p_t.to(do.dtype), do, input_precision=PREC)
+        dk += tl.dot(ds_t.to(q_t.dtype), tl.trans(q_t), input_precision=PREC)
     in_seq = keys < T
     store_rows(DK + bh.to(tl.int64) * T * D, keys, D, (dk * sm_scale).to(DK.dtype.element_ty), in_seq, D)
     store_rows(DV + bh.to(tl.int64) * T * D, keys, D, dv.to(DV.dtype.element_ty), in_seq, D)
@@ -129,7 +129,7 @@ class GlobalAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, pos):
         B, H, T, D = q.shape
         n_rows = pos.shape[-1]
-        cfg = launch_config(D)
+        cfg = launch_config(D, q.dtype)
         o = output_buffer((B, H, n_rows, D), q.device, q.dtype)
         lse = output_buffer((B * H, n_rows), q.device, torch.float32)
         _global_fwd_kernel[(triton.cdiv(n_rows, cfg["BLOCK_M"]), B * H)](
@@ -143,7 +143,7 @@ class GlobalAttention(torch.autograd.Function):
         q, k, v, pos, o, lse = ctx.saved_tensors
         B, H, T, D = q.shape
         n_rows = pos.shape[-1]
-        cfg = launch_config(D)
+        cfg = launch_config(D, q.dtype)
         do = rows_contiguous(do)
         delta = row_dot(do, o)
         pos = pos.reshape(B * H, n_rows)

@@ -15,9 +15,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_common import (LOG2E, bht_strides, check_inputs, dot_precision, head_ptr, launch_config,
-                                   load_rows, output_buffer, row_dot, rows_contiguous, score_grads,
-                                   softmax_finish, softmax_step, store_rows)
+from kernels.triton_common import (LOG2E, bht_strides, check_inputs, dot_precision, head_ptr, key_grads,
+                                   launch_config, load_rows, load_rows_t, output_buffer, row_dot, rows_contiguous,
+                                   score_grads, softmax_finish, softmax_step, store_rows)
 
 
 @triton.jit
@@ -128,15 +128,15 @@ def _local_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV,
     for m0 in range(n0 // BLOCK_M * BLOCK_M, tl.minimum(T, n0 + BLOCK_N + window - 1), BLOCK_M):
         queries = m0 + tl.arange(0, BLOCK_M)
         in_seq = queries < T
-        q = load_rows(Q, queries, sqt, in_seq, D)
+        q_t = load_rows_t(Q, queries, sqt, in_seq, D)
         do = load_rows(DO, queries, sdt, in_seq, D)
         lse = tl.load(LSE + bh * T + queries, mask=in_seq, other=0.0)
         delta = tl.load(DELTA + bh * T + queries, mask=in_seq, other=0.0)
-        visible = (in_seq[:, None] & (keys[None, :] <= queries[:, None])
-                   & (queries[:, None] - keys[None, :] < window))
-        p, ds = score_grads(q, k, v, do, lse, delta, visible, qk_scale, PREC)
-        dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC)
-        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PREC)
+        visible_t = (in_seq[None, :] & (keys[:, None] <= queries[None, :])
+                     & (queries[None, :] - keys[:, None] < window))
+        p_t, ds_t = key_grads(k, v, q_t, do, lse, delta, visible_t, qk_scale, PREC)
+        dv += tl.dot(p_t.to(do.dtype), do, input_precision=PREC)
+        dk += tl.dot(ds_t.to(q_t.dtype), tl.trans(q_t), input_precision=PREC)
     in_seq = keys < T
     store_rows(DK + bh.to(tl.int64) * T * D, keys, D, (dk * sm_scale).to(DK.dtype.element_ty), in_seq, D)
     store_rows(DV + bh.to(tl.int64) * T * D, keys, D, dv.to(DV.dtype.element_ty), in_seq, D)
@@ -147,7 +147,7 @@ class LocalAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, window, n_sink):
         B, H, T, D = q.shape
         n_sink = min(n_sink, T)  # sinks past the end of the sequence do not exist
-        cfg = launch_config(D)
+        cfg = launch_config(D, q.dtype)
         o = output_buffer((B, H, T, D), q.device, q.dtype)
         lse = output_buffer((B * H, T), q.device, torch.float32)
         _local_fwd_kernel[(triton.cdiv(T, cfg["BLOCK_M"]), B * H)](
@@ -162,7 +162,7 @@ class LocalAttention(torch.autograd.Function):
         q, k, v, o, lse = ctx.saved_tensors
         window, n_sink = ctx.window, ctx.n_sink
         B, H, T, D = q.shape
-        cfg = launch_config(D)
+        cfg = launch_config(D, q.dtype)
         do = rows_contiguous(do)
         delta = row_dot(do, o)
         dq = output_buffer(q.shape, q.device, q.dtype)

@@ -18,6 +18,7 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 from kernels import attention, reference, triton_attention, triton_common  # noqa: E402
+from kernels.attention import resolve_backend  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOLERANCE = {torch.float32: 2e-4, torch.float16: 1e-2, torch.bfloat16: 6e-2}
@@ -89,7 +90,7 @@ def assert_matches_reference(rng, q, k, v, gate, grad_out, kind, window, n_sink,
 
 # Shapes are written in tiles (16 under the interpreter, 64 compiled) so that the off-by-one edges of the loop
 # bounds land on tile boundaries on both.
-TILE = triton_common.launch_config(64)["BLOCK_M"]
+TILE = triton_common.launch_config(64, torch.float32)["BLOCK_M"]
 LOCAL_CASES = [  # B, H, T, D, window, n_sink
     (1, 2, 2 * TILE + 5, 16, TILE // 2, 0),    # T not a multiple of the tile, window smaller than a tile
     (2, 1, 50, 32, 4 * TILE, 0),               # T < window
@@ -161,6 +162,13 @@ def test_entry_point_triton_matches_torch(rng, kind, mode):
     got = attention(q, k, v, backend="triton", **common)
     want = attention(q, k, v, backend="torch", **common)
     torch.testing.assert_close(got, want, atol=2e-4, rtol=2e-4, msg=lambda m: f"seed {rng.initial_seed()}\n{m}")
+
+
+def test_auto_backend_is_triton_exactly_on_cuda_with_a_supported_head_dim():
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert [resolve_backend("auto", cuda, d) for d in (16, 32, 64, 128)] == ["triton"] * 4
+    assert resolve_backend("auto", cuda, 80) == "torch"
+    assert resolve_backend("auto", cpu, 64) == "torch"
 
 
 def test_rejects_unsupported_head_dim():

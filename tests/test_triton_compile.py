@@ -1,0 +1,44 @@
+"""The Triton kernels compile for the H100/H200 (sm_90) without a GPU, with the launch configuration the GPU
+path uses, and fit it: shared memory under the per-block limit and, in bf16 (the training dtype on CUDA), no
+register spills. The interpreter tests cannot see any of this. The compiler runs in a subprocess
+(bench/compile_kernels.py) because test_triton_attention.py switches this process to the interpreter.
+"""
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from kernels.attention import TRITON_HEAD_DIMS
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def bf16_sm90():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    head_dims = ",".join(map(str, TRITON_HEAD_DIMS))
+    done = subprocess.run([sys.executable, "bench/compile_kernels.py", "--arch=90", "--dtypes=bf16",
+                           f"--head_dims={head_dims}", "--json"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+def test_every_kernel_compiles_for_every_head_dim(bf16_sm90):
+    defined = set()
+    for path in glob.glob(os.path.join(ROOT, "kernels", "triton_*.py")):
+        defined |= set(re.findall(r"@triton\.jit\ndef (_\w+_kernel)\(", open(path).read()))
+    compiled = {(r["kernel"], r["head_dim"]) for r in bf16_sm90["kernels"]}
+    assert len(defined) >= 7
+    assert compiled == {(name, d) for name in defined for d in TRITON_HEAD_DIMS}
+
+
+def test_shared_memory_fits_and_nothing_spills(bf16_sm90):
+    rows = bf16_sm90["kernels"]
+    assert [r for r in rows if r["shared_bytes"] > bf16_sm90["max_shared_bytes"]] == []
+    assert [r for r in rows if r["spill_bytes"] > 0] == []
+    assert all(0 < r["registers"] <= 255 for r in rows)
