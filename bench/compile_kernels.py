@@ -36,11 +36,11 @@ def main():
         return
     print(f"sm_{args.arch}, launch configs of kernels/triton_common.gpu_launch_config; "
           f"shared-memory limit per block: {limit // 1024 if limit else '?'} KiB\n")
-    print("| kernel | dtype | D | registers | spilled bytes | shared KiB |")
-    print("|---|---|---|---|---|---|")
+    print("| kernel | dtype | D | registers | spilled bytes | shared KiB | tensor cores |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r.kernel} | {r.dtype} | {r.head_dim} | {r.registers} | {r.spill_bytes} | "
-              f"{r.shared_bytes / 1024:.1f} |")
+              f"{r.shared_bytes / 1024:.1f} | {r.tensor_cores} |")
 
 
 if __name__ == "__main__":

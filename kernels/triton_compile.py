@@ -3,7 +3,8 @@
 Triton's compiler and the ptxas/cuobjdump shipped in its wheel turn each kernel into a cubin for a chosen
 architecture (default sm_90: H100/H200) with the tile sizes and launch options the GPU path uses
 (triton_common.gpu_launch_config). That catches what the CPU interpreter cannot: code the compiler rejects,
-shared memory over the limit, register spills. It says nothing about speed.
+shared memory over the limit, register spills, matmuls that miss the tensor cores. It says nothing about
+speed.
 
 Under TRITON_INTERPRET=1 triton.jit hands out interpreted functions that cannot be compiled, so run this in a
 process without it (tests/test_triton_compile.py uses a subprocess; bench/compile_kernels.py prints the table).
@@ -41,6 +42,7 @@ class Resources:
     registers: int       # per thread
     spill_bytes: int     # per thread: stack frame (register spills), 0 when everything fits in registers
     shared_bytes: int    # per block, as Triton will request it at launch
+    tensor_cores: str    # "wgmma" (Hopper's), "mma" (the older kind) or "no" (tl.dot on FMA units, or no tl.dot)
 
 
 def _signature(fn, dtype, constexprs):
@@ -75,7 +77,14 @@ def compile_kernel(fn, dtype, head_dim, arch=90):
     compiled = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=GPUTarget("cuda", arch, 32),
                               options=options)
     registers, spill_bytes = _cubin_usage(compiled.asm["cubin"])
-    return Resources(fn.__name__, dtype, head_dim, registers, spill_bytes, compiled.metadata.shared)
+    return Resources(fn.__name__, dtype, head_dim, registers, spill_bytes, compiled.metadata.shared,
+                     _tensor_cores(compiled.asm["ptx"]))
+
+
+def _tensor_cores(ptx):
+    if "wgmma.mma_async" in ptx:
+        return "wgmma"
+    return "mma" if re.search(r"\bmma\.sync", ptx) else "no"
 
 
 def _cubin_usage(cubin):

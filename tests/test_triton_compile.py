@@ -1,6 +1,6 @@
 """The Triton kernels compile for the H100/H200 (sm_90) without a GPU, with the launch configuration the GPU
 path uses, and fit it: shared memory under the per-block limit and, in bf16 (the training dtype on CUDA), no
-register spills. The interpreter tests cannot see any of this. The compiler runs in a subprocess
+register spills, tensor cores (wgmma) for every matmul. The interpreter tests cannot see any of this. The compiler runs in a subprocess
 (bench/compile_kernels.py) because test_triton_attention.py switches this process to the interpreter.
 """
 import glob
@@ -42,3 +42,8 @@ def test_shared_memory_fits_and_nothing_spills(bf16_sm90):
     assert [r for r in rows if r["shared_bytes"] > bf16_sm90["max_shared_bytes"]] == []
     assert [r for r in rows if r["spill_bytes"] > 0] == []
     assert all(0 < r["registers"] <= 255 for r in rows)
+
+
+def test_matmuls_run_on_hopper_tensor_cores(bf16_sm90):
+    attention = [r["tensor_cores"] for r in bf16_sm90["kernels"] if r["kernel"] != "_row_dot_kernel"]
+    assert attention and set(attention) == {"wgmma"}
