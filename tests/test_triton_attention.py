@@ -88,8 +88,8 @@ def assert_matches_reference(rng, q, k, v, gate, grad_out, kind, window, n_sink,
         torch.testing.assert_close(g.float(), w, atol=tol * scale, rtol=tol, msg=lambda m: f"{context}\n{m}")
 
 
-# Shapes are written in tiles (16 under the interpreter, 64 compiled) so that the off-by-one edges of the loop
-# bounds land on tile boundaries on both.
+# Shapes are written in tiles (16 under the interpreter, 32 compiled for the fp32 these cases use) so that the
+# off-by-one edges of the loop bounds land on tile boundaries on both.
 TILE = triton_common.launch_config(64, torch.float32)["BLOCK_M"]
 LOCAL_CASES = [  # B, H, T, D, window, n_sink
     (1, 2, 2 * TILE + 5, 16, TILE // 2, 0),    # T not a multiple of the tile, window smaller than a tile

@@ -1,7 +1,8 @@
 """The Triton kernels compile for the H100/H200 (sm_90) without a GPU, with the launch configuration the GPU
 path uses, and fit it: shared memory under the per-block limit and, in bf16 (the training dtype on CUDA), no
-register spills, tensor cores (wgmma) for every matmul. The interpreter tests cannot see any of this. The compiler runs in a subprocess
-(bench/compile_kernels.py) because test_triton_attention.py switches this process to the interpreter.
+register spills and tensor cores (wgmma) for every matmul. The interpreter tests cannot see any of this. The
+compiler runs in a subprocess (bench/compile_kernels.py) because test_triton_attention.py switches this process
+to the interpreter.
 """
 import glob
 import json
