@@ -46,14 +46,16 @@ def ratio(a, b):
 
 @torch.no_grad()
 def evaluate_routing(model, data, split="val", max_examples=500, batch_size=16):
-    """Answer accuracy (all, and split by whether the answer needs global context) and per routed layer the
-    global fraction, precision and recall of its routing, for the layer ('any' head) and each head."""
+    """Answer loss (train.py's val loss, over these examples), answer accuracy (all, and split by whether the
+    answer needs global context) and per routed layer the global fraction, precision and recall of its routing,
+    for the layer ('any' head) and each head."""
     if "needs_global" not in data.arrays or "answer" not in data.arrays:
         raise ValueError(f"{data.data_dir} has no answer/needs_global labels: evaluate on a task written by "
                          f"data/synthetic/prepare.py")
     device = next(model.parameters()).device
     starts = data.starts[split][:max_examples].tolist()
     answers = torch.zeros(3, 2, dtype=torch.float64)  # rows: within window, needs global, unknown; (correct, all)
+    loss_sum, scored = 0.0, 0  # over the targets that carry loss (y != -1: the answers)
     counts = {}
     model.eval()
     with torch.random.fork_rng(devices=[]):  # random routing draws from the global RNG: the same draws each run
@@ -65,6 +67,8 @@ def evaluate_routing(model, data, split="val", max_examples=500, batch_size=16):
             is_answer = data.token_array(split, "answer", batch) == 1
             labels = data.token_array(split, "needs_global", batch)
             out = model(x.to(device), y.to(device))
+            n_scored = int((y != -1).sum())
+            loss_sum, scored = loss_sum + out.lm_loss.item() * n_scored, scored + n_scored
             correct = out.logits.argmax(-1).cpu() == targets
             for row, label in enumerate((0, 1, UNKNOWN_LABEL)):
                 chosen = is_answer & (labels == label)
@@ -77,7 +81,8 @@ def evaluate_routing(model, data, split="val", max_examples=500, batch_size=16):
                     counts[layer, head] = counts.get((layer, head), 0) + routing_counts(gate, labels)
     total = answers.sum(0)
     return {
-        "examples": len(starts), "answers": int(total[1]), "accuracy": ratio(total[0], total[1]),
+        "examples": len(starts), "answers": int(total[1]), "answer_loss": loss_sum / scored if scored else math.nan,
+        "accuracy": ratio(total[0], total[1]),
         "accuracy_within_window": ratio(*answers[0]), "accuracy_needs_global": ratio(*answers[1]),
         "answers_needs_global": int(answers[1, 1]),
         "routing": [{"layer": layer, "head": head, "global_frac": ratio(c[3], c[4]), "precision": ratio(c[0], c[0] + c[1]),
@@ -92,6 +97,7 @@ def percent(value):
 def format_report(result):
     lines = [f"{result['examples']} examples, {result['answers']} answer tokens "
              f"({result['answers_needs_global']} need context beyond the window)",
+             f"answer loss {result['answer_loss']:.4f}",
              f"answer accuracy {percent(result['accuracy'])}: needs global {percent(result['accuracy_needs_global'])}, "
              f"within window {percent(result['accuracy_within_window'])}"]
     if not result["routing"]:

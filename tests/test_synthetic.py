@@ -186,6 +186,9 @@ def test_eval_routing_reports_accuracy_precision_and_recall(tmp_path, capsys):
         result = eval_routing.evaluate_routing(model, data, max_examples=40, batch_size=16)
         assert result["examples"] == 40 and result["answers"] == 160
         assert 0 <= result["accuracy"] <= 1 and result["answers_needs_global"] == (labels == 1).sum()
+        x, y = data.batch("val", data.starts["val"][:40].tolist())
+        with torch.no_grad():
+            assert result["answer_loss"] == pytest.approx(model(x, y).lm_loss.item(), rel=1e-5)
         for row in result["routing"]:
             assert row["global_frac"] == recall and row["recall"] == recall
         if recall:  # all global: precision is the fraction of tokens that need it
