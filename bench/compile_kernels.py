@@ -1,7 +1,7 @@
 """Compile every Triton kernel for a GPU architecture without the GPU (kernels/triton_compile.py) and print
 registers, spills and shared memory per kernel, dtype and head dim: a markdown table, or JSON for the tests.
 
-    python bench/compile_kernels.py                          (sm_90, bf16/fp16/fp32, D = 16..128; ~3 min cold)
+    python bench/compile_kernels.py                          (sm_90, bf16/fp16/fp32, D = 16..128; ~1.5 min cold)
     python bench/compile_kernels.py --dtypes=bf16 --json
 """
 import argparse

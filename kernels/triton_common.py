@@ -42,7 +42,7 @@ def gpu_launch_config(head_dim, dtype):
     """16-bit inputs: 64 x 64 tiles keep the window overhead (w + BLOCK_M keys read per query tile instead of w)
     low while staying tensor-core friendly. fp32 at "highest" precision runs tl.dot on FMA units, which holds
     far more in registers: compiled for sm_90 (bench/compile_kernels.py), 64 x 64 tiles spill 1-14 KB per
-    thread at D >= 64 and 32 x 32 tiles at most 4 KB, so fp32 gets 32 x 32 (it is a correctness path; train
+    thread at D >= 64 and 32 x 32 tiles at most 1.8 KB (D = 128), so fp32 gets 32 x 32 (it is a correctness path; train
     in bf16)."""
     if dtype == torch.float32:
         return dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2)
@@ -140,6 +140,9 @@ def key_grads(k, v, q_t, do, lse, delta, visible_t, qk_scale, PREC: tl.constexpr
     return p_t, p_t * (dp_t - delta[None, :])
 
 
+ROW_DOT_BLOCK = 64  # rows per program of _row_dot_kernel
+
+
 @triton.jit
 def _row_dot_kernel(A, B, OUT, sab, sah, sat, sbb, sbh, sbt, H, n_rows,
                     D: tl.constexpr, BLOCK_M: tl.constexpr):
@@ -156,7 +159,6 @@ def row_dot(a, b):
     without materialising an fp32 product."""
     B, H, n, D = a.shape
     out = output_buffer((B * H, n), a.device, torch.float32)
-    block = 64
-    _row_dot_kernel[(triton.cdiv(n, block), B * H)](a, b, out, *bht_strides(a), *bht_strides(b), H, n,
-                                                   D=D, BLOCK_M=block)
+    _row_dot_kernel[(triton.cdiv(n, ROW_DOT_BLOCK), B * H)](a, b, out, *bht_strides(a), *bht_strides(b), H, n,
+                                                           D=D, BLOCK_M=ROW_DOT_BLOCK)
     return out

@@ -20,7 +20,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from kernels.triton_common import _row_dot_kernel, gpu_launch_config
+from kernels.triton_common import ROW_DOT_BLOCK, _row_dot_kernel, dot_precision, gpu_launch_config
 from kernels.triton_global import _global_bwd_dkdv_kernel, _global_bwd_dq_kernel, _global_fwd_kernel
 from kernels.triton_local import _local_bwd_dkdv_kernel, _local_bwd_dq_kernel, _local_fwd_kernel
 
@@ -68,10 +68,10 @@ def compile_kernel(fn, dtype, head_dim, arch=90):
     """Compile one kernel for sm_<arch> with the GPU launch configuration and return its Resources."""
     cfg = gpu_launch_config(head_dim, DTYPES[dtype])
     if fn is _row_dot_kernel:  # launched with its own row tile and default options (triton_common.row_dot)
-        constexprs, options = dict(D=head_dim, BLOCK_M=64), {}
+        constexprs, options = dict(D=head_dim, BLOCK_M=ROW_DOT_BLOCK), {}
     else:
-        prec = "ieee" if dtype == "fp32" else "tf32"  # fp32 at torch's default "highest" precision
-        constexprs = dict(D=head_dim, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], PREC=prec)
+        constexprs = dict(D=head_dim, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+                          PREC=dot_precision(DTYPES[dtype]))
         options = dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     signature, attrs = _signature(fn, dtype, constexprs)
     compiled = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=GPUTarget("cuda", arch, 32),
