@@ -1,6 +1,6 @@
 """GPU benchmark of All-or-Here attention kernels: one markdown table, bf16, B = 1, H = 16, no sinks.
 
-    python bench/attention.py --out bench/results/attention.md            # full grid
+    python bench/attention.py --out /tmp/attention.md                    # full grid
     python bench/attention.py --quick --out /tmp/attention.md             # reduced grid
     python bench/attention.py --budget_s 300 --out ...                    # stop starting new groups after 300 s
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On a CUDA machine, within 10 minutes: the Triton kernel tests compiled (no interpreter, bf16 included),
-# then the attention benchmark table. Everything goes to bench/results/<date>-<gpu name>.md.
+# then the attention benchmark table. Everything goes to a record, results/<date>_gpu_check_<gpu name>/README.md.
 #   bash bench/gpu_check.sh            (PYTHON=... to pick the interpreter; default python3)
 # Time plan: tests <= 3 min, benchmark <= 5 min (it starts no new group after 4), 2 min left for the
 # end-to-end training comparison below.
@@ -13,8 +13,9 @@ if ! gpu=$($PY -c "import torch; assert torch.cuda.is_available(); print(torch.c
     echo "bench/gpu_check.sh needs a CUDA GPU visible to $PY" >&2
     exit 1
 fi
-mkdir -p bench/results
-report="bench/results/$(date +%F)-$(echo "$gpu" | tr -c 'A-Za-z0-9._\n-' '-').md"
+record="results/$(date +%F)_gpu_check_$(echo "$gpu" | tr -c 'A-Za-z0-9._\n-' '_')"
+mkdir -p "$record"
+report="$record/README.md"
 table=$(mktemp)
 status=0
 
