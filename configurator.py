@@ -4,10 +4,13 @@
 
 A config file is executed as Python; every top-level name that does not start with '_' is a setting.
 Unknown keys and wrong types fail with an error that names the key, the close matches and the expected type.
+An overlay file (a few settings on top of another config) names its base in `_base = "configs/NAME.py"` and
+refuses to run unless that file comes before it on the command line.
 """
 import ast
 import dataclasses
 import difflib
+import os
 import sys
 import types
 import typing
@@ -42,13 +45,19 @@ def _parse_value(text):
         return text  # a bare word is a string: --dataset=python_stdlib
 
 
-def read_config_file(path):
+def read_config_file(path, earlier_files=()):
+    """The settings of a config file. earlier_files: the config files read before it (an overlay's base must be
+    one of them)."""
     namespace = {}
     try:
         with open(path) as f:
             exec(compile(f.read(), path, "exec"), namespace)
     except FileNotFoundError:
         raise ConfigError(f"config file {path!r} does not exist") from None
+    base = namespace.get("_base")
+    if base and os.path.basename(base) not in {os.path.basename(p) for p in earlier_files}:
+        raise ConfigError(f"{path} is an overlay on {base}: put that file first, "
+                          f"e.g. python train.py {base} {path}")
     return {k: v for k, v in namespace.items() if not k.startswith("_") and not isinstance(v, types.ModuleType)}
 
 
@@ -56,7 +65,7 @@ def parse_args(argv, *schemas):
     """argv: config file paths and --key=value overrides, applied in order.
     Returns one instance per schema (dataclass type), each built from the keys it declares."""
     fields = {f.name: f for schema in schemas for f in dataclasses.fields(schema)}
-    values = {}
+    values, files = {}, []
     for arg in argv:
         if arg.startswith("--"):
             key, sep, text = arg[2:].partition("=")
@@ -66,7 +75,8 @@ def parse_args(argv, *schemas):
                 raise ConfigError(f"override {arg!r} must look like --{key}=VALUE")
             values[key] = _parse_value(text)
         elif arg.endswith(".py"):
-            values.update(read_config_file(arg))
+            values.update(read_config_file(arg, files))
+            files.append(arg)
         else:
             raise ConfigError(f"argument {arg!r} is neither a config file (*.py) nor --key=value")
     for key, value in values.items():

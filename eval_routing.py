@@ -15,11 +15,12 @@ from dataclasses import dataclass
 
 import torch
 
+from checkpoint import load_model
 from configurator import parse_args_or_exit
 from data.loader import TokenData
 from data.synthetic.tasks import UNKNOWN_LABEL
-from sample import load_model
-from train import pick_device
+from device import pick_device
+from routing_stats import label_counts, mean_stats, precision_recall, ratio, routing_stats
 
 
 @dataclass
@@ -33,22 +34,12 @@ class EvalConfig:
     router_threshold: float | None = None  # override the trained threshold
 
 
-def routing_counts(gate, labels):
-    """[routed global and needed, global not needed, needed not global, routed global, tokens] over (B, T)."""
-    known, needed = labels != UNKNOWN_LABEL, labels == 1
-    return torch.tensor([(gate & needed).sum(), (gate & known & ~needed).sum(), (~gate & needed).sum(),
-                         gate.sum(), gate.numel()], dtype=torch.float64)
-
-
-def ratio(a, b):
-    return (a / b).item() if b > 0 else math.nan
-
-
 @torch.no_grad()
 def evaluate_routing(model, data, split="val", max_examples=500, batch_size=16):
     """Answer loss (train.py's val loss, over these examples), answer accuracy (all, and split by whether the
-    answer needs global context) and per routed layer the global fraction, precision and recall of its routing,
-    for the layer ('any' head) and each head."""
+    answer needs global context), the model's attention FLOPs vs dense (ideal and computed, routing_stats.py)
+    and per routed layer the global fraction, precision and recall of its routing, for the layer ('any' head)
+    and each head."""
     if "needs_global" not in data.arrays or "answer" not in data.arrays:
         raise ValueError(f"{data.data_dir} has no answer/needs_global labels: evaluate on a task written by "
                          f"data/synthetic/prepare.py")
@@ -56,7 +47,7 @@ def evaluate_routing(model, data, split="val", max_examples=500, batch_size=16):
     starts = data.starts[split][:max_examples].tolist()
     answers = torch.zeros(3, 2, dtype=torch.float64)  # rows: within window, needs global, unknown; (correct, all)
     loss_sum, scored = 0.0, 0  # over the targets that carry loss (y != -1: the answers)
-    counts = {}
+    counts, stats = {}, []
     model.eval()
     with torch.random.fork_rng(devices=[]):  # random routing draws from the global RNG: the same draws each run
         torch.manual_seed(0)
@@ -67,6 +58,7 @@ def evaluate_routing(model, data, split="val", max_examples=500, batch_size=16):
             is_answer = data.token_array(split, "answer", batch) == 1
             labels = data.token_array(split, "needs_global", batch)
             out = model(x.to(device), y.to(device))
+            stats.append(routing_stats(out, model.config))
             n_scored = int((y != -1).sum())
             loss_sum, scored = loss_sum + out.lm_loss.item() * n_scored, scored + n_scored
             correct = out.logits.argmax(-1).cpu() == targets
@@ -78,15 +70,18 @@ def evaluate_routing(model, data, split="val", max_examples=500, batch_size=16):
                     continue
                 gates = gates.cpu()
                 for head, gate in [("any", gates.any(1))] + list(enumerate(gates.unbind(1))):
-                    counts[layer, head] = counts.get((layer, head), 0) + routing_counts(gate, labels)
-    total = answers.sum(0)
+                    counts[layer, head] = counts.get((layer, head), 0) + label_counts(gate, labels)
+    total, stats = answers.sum(0), mean_stats(stats)
     return {
         "examples": len(starts), "answers": int(total[1]), "answer_loss": loss_sum / scored if scored else math.nan,
         "accuracy": ratio(total[0], total[1]),
         "accuracy_within_window": ratio(*answers[0]), "accuracy_needs_global": ratio(*answers[1]),
         "answers_needs_global": int(answers[1, 1]),
-        "routing": [{"layer": layer, "head": head, "global_frac": ratio(c[3], c[4]), "precision": ratio(c[0], c[0] + c[1]),
-                     "recall": ratio(c[0], c[0] + c[2])} for (layer, head), c in counts.items()],
+        "routed_mode": model.config.routed_mode,
+        "attention_flop_frac_ideal": stats["model_ideal_flop_frac"].item(),
+        "attention_flop_frac_computed": stats["model_computed_flop_frac"].item(),
+        "routing": [dict(layer=layer, head=head, **dict(zip(("global_frac", "precision", "recall"), precision_recall(c))))
+                    for (layer, head), c in counts.items()],
     }
 
 
@@ -99,7 +94,9 @@ def format_report(result):
              f"({result['answers_needs_global']} need context beyond the window)",
              f"answer loss {result['answer_loss']:.4f}",
              f"answer accuracy {percent(result['accuracy'])}: needs global {percent(result['accuracy_needs_global'])}, "
-             f"within window {percent(result['accuracy_within_window'])}"]
+             f"within window {percent(result['accuracy_within_window'])}",
+             f"attention FLOPs vs dense: ideal {percent(result['attention_flop_frac_ideal'])}, "
+             f"computed {percent(result['attention_flop_frac_computed'])} (routed_mode {result['routed_mode']})"]
     if not result["routing"]:
         return "\n".join(lines + ["no routed layers: nothing to compare with the labels"])
     lines.append("layer  head  global  precision  recall")
@@ -117,10 +114,13 @@ def main(argv):
     data = TokenData(cfg.data_dir, model.config.block_size, model.config.vocab_size)
     print(f"checkpoint {cfg.out_dir}: layers {model.config.layer_letters}, "
           f"window {model.config.window}, threshold {model.config.router_threshold}; "
-          f"data {cfg.data_dir}: task {data.meta.get('task')}, labels for window {data.meta.get('window')}")
-    if data.meta.get("window") != model.config.window:
-        print(f"note: the labels are for window {data.meta.get('window')}, the model's window is "
-              f"{model.config.window}; prepare the task with --window={model.config.window} for matching labels")
+          f"data {cfg.data_dir}: task {data.meta.get('task')}, labels for window {data.meta.get('window')}, "
+          f"{data.meta.get('n_sink', 0)} sinks")
+    label_local = (data.meta.get("window"), data.meta.get("n_sink", 0))
+    if label_local != (model.config.window, model.config.n_sink):
+        print(f"note: the labels are for window {label_local[0]} and {label_local[1]} sinks, the model has window "
+              f"{model.config.window} and {model.config.n_sink} sinks; prepare the task with "
+              f"--window={model.config.window} --n_sink={model.config.n_sink} for matching labels")
     if trained_on.get("task") != data.meta.get("task"):
         print(f"note: the checkpoint was trained on {trained_on.get('task') or trained_on.get('source')}")
     print(format_report(evaluate_routing(model, data, cfg.split, cfg.max_examples, cfg.batch_size)))

@@ -1,10 +1,10 @@
 """nanoAHA: a GPT whose attention layers are dense, local (sliding window) or routed (All-or-Here).
 
 Where things are:
-- Router.forward          per-head router: logits from the layer input, sigmoid, hard threshold, STE
-- GPT.forward             loss = LM loss + penalty_weight * mean router probability (the L1 penalty)
-- routing_stats           global fraction and mean p per layer and head, attention-FLOP fraction
-- kernels.attention       the one attention entry point (reference / torch / triton backends)
+- Router.forward              per-head router: logits from the layer input, sigmoid, hard threshold, STE
+- GPT.forward                 loss = LM loss + penalty_weight * mean router probability (the L1 penalty)
+- routing_stats.py            global fraction, mean p, ideal and computed attention FLOPs per layer and head
+- kernels.attention.attention the one attention entry point (reference / torch / triton backends)
 """
 import math
 from dataclasses import dataclass, field
@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from kernels import attention
+from kernels.attention import attention
 from kernels.reference import local_visible, masked_attention
 
 KIND_OF_LETTER = {"G": "dense", "L": "local", "R": "routed"}
@@ -73,12 +73,14 @@ class GPTConfig:
 @dataclass
 class GPTOutput:
     logits: torch.Tensor
-    loss: torch.Tensor = None       # lm_loss + penalty_weight * penalty
+    loss: torch.Tensor = None       # lm_loss + penalty
     lm_loss: torch.Tensor = None
-    penalty: torch.Tensor = None    # mean router probability over batch, positions, heads, routed layers
+    penalty: torch.Tensor = None    # what the router penalty added to the loss (penalty_weight * budget excess)
+    mean_p: torch.Tensor = None     # mean router probability over batch, positions, heads, routed layers
     gates: list = field(default_factory=list)  # per layer: bool (B, H, T) hard gate, or None (not routed)
     probs: list = field(default_factory=list)  # per layer: router p (B, H, T), or None
     seq_len: int = 0
+    routed_mode: str = "exact"      # the mode routed layers ran in (forced-global steps run 'exact')
 
 
 def rotary_tables(head_dim, length, base):
@@ -101,15 +103,15 @@ class Router(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.config = config
-        self.proj = nn.Linear(config.n_embd, config.n_head, bias=True)
+        self.logits = nn.Linear(config.n_embd, config.n_head, bias=True)
 
     def reset_parameters(self):
-        nn.init.normal_(self.proj.weight, std=self.config.router_init_std) if self.config.router_init_std \
-            else nn.init.zeros_(self.proj.weight)
-        nn.init.constant_(self.proj.bias, self.config.router_init_bias)
+        nn.init.normal_(self.logits.weight, std=self.config.router_init_std) if self.config.router_init_std \
+            else nn.init.zeros_(self.logits.weight)
+        nn.init.constant_(self.logits.bias, self.config.router_init_bias)
 
     def forward(self, x, force_global=False):
-        p = torch.sigmoid(self.proj(x).float()).transpose(1, 2)  # (B, H, T)
+        p = torch.sigmoid(self.logits(x).float()).transpose(1, 2)  # (B, H, T)
         hard = p >= self.config.router_threshold
         if force_global:
             hard = torch.ones_like(hard)
@@ -148,8 +150,8 @@ class Attention(nn.Module):
         if cache is not None and cache.length > 0:
             y = self.decode(q, k, v, hard, cache)
         else:
-            mode = "exact" if force_global else cfg.routed_mode  # all-global: the dense kernel is cheapest
-            y = attention(q, k, v, self.kind, cfg.window, cfg.n_sink, gate, mode, cfg.attention_backend)
+            y = attention(q, k, v, kind=self.kind, window=cfg.window, n_sink=cfg.n_sink, gate=gate,
+                          mode=routed_mode(cfg, force_global), backend=cfg.attention_backend)
             if cache is not None:
                 cache.append(k, v)
         y = y.transpose(1, 2).reshape(B, T, C)
@@ -168,6 +170,11 @@ class Attention(nn.Module):
         else:
             allowed = local | (causal & hard[..., None])  # (B, H, T, S)
         return masked_attention(q, keys, values, allowed)
+
+
+def routed_mode(config, force_global):
+    """The mode routed layers run in: an all-global step runs 'exact' (the dense kernel is cheapest)."""
+    return "exact" if force_global else config.routed_mode
 
 
 class MLP(nn.Module):
@@ -235,7 +242,7 @@ class GPT(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
         self.apply(self._init_weights)
         for name, p in self.named_parameters():
-            if name.endswith("proj.weight") and "router" not in name:  # GPT-2: scale residual projections
+            if name.endswith("proj.weight"):  # GPT-2: scale the residual projections
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
         for block in self.blocks:
             if block.attn.router is not None:
@@ -254,10 +261,10 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def forward(self, idx, targets=None, penalty_weight=0.0, router_budget=0.0, force_global=False, cache=None):
-        """idx: (B, T) token ids. targets: (B, T), -1 = ignored. The loss adds
-        penalty_weight * mean over routed layers of max(0, mean_p(layer) - router_budget), where penalty is the
-        mean router probability: with the default budget 0 a plain L1 push towards local; with a budget, no
-        layer is pushed below that rate (per layer, so one busy layer cannot hide another's collapse).
+        """idx: (B, T) token ids. targets: (B, T), -1 = ignored. The loss is lm_loss + penalty, the penalty
+        penalty_weight * mean over routed layers of max(0, mean_p(layer) - router_budget), mean_p(layer) the
+        layer's mean router probability: with the default budget 0 a plain L1 push towards local; with a budget,
+        no layer is pushed below that rate (per layer, so one busy layer cannot hide another's collapse).
         force_global: every routed head of this call runs full attention (the router still gets its
         straight-through gradient).
         cache: list of LayerCache (generation); positions continue from what the cache has seen."""
@@ -273,15 +280,15 @@ class GPT(nn.Module):
             gates.append(hard)
             probs.append(p)
         x = self.ln_f(x)
+        mode = routed_mode(self.config, force_global)
         if targets is None:
-            return GPTOutput(logits=self.lm_head(x[:, -1:]), gates=gates, probs=probs, seq_len=T)
+            return GPTOutput(logits=self.lm_head(x[:, -1:]), gates=gates, probs=probs, seq_len=T, routed_mode=mode)
         logits = self.lm_head(x)
         lm_loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
-        routed_p = [p.mean() for p in probs if p is not None]
-        routed_p = torch.stack(routed_p) if routed_p else lm_loss.new_zeros(1)
-        penalty = routed_p.mean()
-        loss = lm_loss + penalty_weight * torch.clamp(routed_p - router_budget, min=0.0).mean()
-        return GPTOutput(logits, loss, lm_loss, penalty, gates, probs, T)
+        layer_p = [p.mean() for p in probs if p is not None]
+        layer_p = torch.stack(layer_p) if layer_p else lm_loss.new_zeros(1)
+        penalty = penalty_weight * torch.clamp(layer_p - router_budget, min=0.0).mean()
+        return GPTOutput(logits, lm_loss + penalty, lm_loss, penalty, layer_p.mean(), gates, probs, T, mode)
 
     def new_cache(self):
         cfg = self.config
@@ -313,48 +320,3 @@ class GPT(nn.Module):
                 next_id = torch.multinomial(logits.softmax(-1), 1, generator=generator)
             idx = torch.cat([idx, next_id], dim=1)
         return idx
-
-
-def keys_read(kind, T, window, n_sink, device=None):
-    """Keys each query position reads: (T,) for 'dense' and 'local' kinds."""
-    t = torch.arange(T, device=device)
-    if kind == "dense":
-        return t + 1
-    return torch.clamp(t + 1, max=window) + torch.clamp(t + 1 - window, min=0).clamp(max=n_sink)
-
-
-@torch.no_grad()
-def routing_stats(output, config):
-    """Routing statistics of one forward pass.
-
-    Returns a dict: 'global_frac' (n_layer, H) fraction of tokens whose head attended globally (1 for
-    dense layers, 0 for local); 'mean_p' (n_layer, H) mean router probability (nan where there is no
-    learned router); 'flop_frac' (n_layer,) attention FLOPs relative to dense causal attention (keys read);
-    and the scalars 'routed_global_frac' (global decisions / all decisions over the routed layers, nan if
-    there are none) and 'model_flop_frac' (the whole model's attention FLOPs relative to all-dense)."""
-    global_frac, mean_p, flop_frac = [], [], []
-    T = output.seq_len
-    dense_keys = keys_read("dense", T, config.window, config.n_sink, output.logits.device).float()
-    local_keys = keys_read("local", T, config.window, config.n_sink, output.logits.device).float()
-    H = config.n_head
-    for kind, hard, p in zip(config.kinds, output.gates, output.probs):
-        if kind == "routed":
-            g = hard.float()
-            frac = g.mean(dim=(0, 2))
-            keys = (g * dense_keys + (1 - g) * local_keys).mean(dim=(0, 1)).sum()
-        else:
-            frac = torch.full((H,), 1.0 if kind == "dense" else 0.0, device=dense_keys.device)
-            keys = (dense_keys if kind == "dense" else local_keys).sum()
-        global_frac.append(frac)
-        mean_p.append(p.float().mean(dim=(0, 2)) if p is not None else torch.full((H,), float("nan"),
-                                                                                 device=dense_keys.device))
-        flop_frac.append(keys / dense_keys.sum())
-    global_frac, mean_p, flop_frac = torch.stack(global_frac), torch.stack(mean_p), torch.stack(flop_frac)
-    routed = torch.tensor([k == "routed" for k in config.kinds], device=global_frac.device)
-    return {
-        "global_frac": global_frac,
-        "mean_p": mean_p,
-        "flop_frac": flop_frac,
-        "routed_global_frac": global_frac[routed].mean() if routed.any() else torch.tensor(float("nan")),
-        "model_flop_frac": flop_frac.mean(),
-    }

@@ -8,10 +8,11 @@ from dataclasses import dataclass
 
 import torch
 
+from checkpoint import load_model
 from configurator import parse_args_or_exit
 from data.tokens import codec
-from model import GPT, GPTConfig
-from train import load_checkpoint, load_model_state, pick_device
+from device import pick_device
+from routing_stats import global_heads_per_token
 
 
 @dataclass
@@ -27,23 +28,6 @@ class SampleConfig:
     use_kv_cache: bool = True
     show_routing: bool = False     # colour each token by how many heads went global
     router_threshold: float | None = None  # override the trained threshold (speed/quality trade-off)
-
-
-def load_model(out_dir, device, router_threshold=None):
-    ckpt = load_checkpoint(out_dir, device)
-    config = GPTConfig(**ckpt["model_config"])
-    if router_threshold is not None:
-        config.router_threshold = router_threshold
-    model = GPT(config)
-    load_model_state(model, ckpt["model"], out_dir)
-    return model.to(device).eval(), ckpt["data_meta"]
-
-
-def global_head_counts(model, idx):
-    """Per token of idx (1, T): number of (routed layer, head) pairs that attended globally."""
-    out = model(idx[:, -model.config.block_size:])
-    gates = [g[0].sum(0) for g in out.gates if g is not None]
-    return torch.stack(gates).sum(0).tolist() if gates else None
 
 
 def colour_by_routing(pieces, counts, max_count):
@@ -74,7 +58,7 @@ def main(argv):
         tokens = model.generate(idx, cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.use_kv_cache, generator)[0]
         if cfg.show_routing and n_routed:
             with torch.no_grad():
-                counts = global_head_counts(model, tokens[None])
+                counts = global_heads_per_token(model(tokens[None, -model.config.block_size:]))[0].tolist()
             shown = tokens[-len(counts):].tolist()
             print(colour_by_routing([decode([t]) for t in shown], counts, n_routed * model.config.n_head))
             print(f"\n[colour: heads that went global per token, of {n_routed * model.config.n_head}; "

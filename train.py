@@ -17,9 +17,12 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
+from checkpoint import load_checkpoint, load_model_state, save_checkpoint
 from configurator import parse_args_or_exit
 from data.loader import TokenData
-from model import GPT, RUNTIME_KEYS, GPTConfig, routing_stats
+from device import autocast_context, pick_device, pick_dtype
+from model import GPT, RUNTIME_KEYS, GPTConfig
+from routing_stats import format_routing, mean_stats, routing_stats, tensorboard_scalars, warn_collapse
 
 
 @dataclass
@@ -77,60 +80,6 @@ def router_lambda_at(it, cfg):
     return cfg.router_lambda * min(1.0, (it - cfg.router_lambda_start + 1) / cfg.router_lambda_ramp)
 
 
-def save_checkpoint(path, state):
-    """Write to a temporary file, then rename: a crash mid-save leaves the previous checkpoint intact."""
-    tmp = path + ".tmp"
-    try:
-        torch.save(state, tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
-def load_checkpoint(path, device):
-    if os.path.isdir(path):
-        path = os.path.join(path, "ckpt.pt")
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"no checkpoint at {path}")
-    try:
-        return torch.load(path, map_location=device, weights_only=False)
-    except Exception as e:
-        raise ValueError(f"checkpoint {path} cannot be read ({e}); it is corrupt or not a nanoAHA checkpoint") from None
-
-
-def load_model_state(model, state_dict, source, allow_new_routers=False):
-    """Load weights, failing with a clear message when the shapes belong to another model."""
-    own = model.state_dict()
-    for key, value in state_dict.items():
-        if key in own and own[key].shape != value.shape:
-            raise ValueError(f"checkpoint {source} has {key} of shape {tuple(value.shape)}, this model "
-                             f"{tuple(own[key].shape)}: the checkpoint is from another model shape")
-    missing, unexpected = model.load_state_dict(state_dict, strict=False)
-    if allow_new_routers:  # fine-tuning a dense checkpoint into a routed model: routers start fresh
-        missing = [k for k in missing if ".router." not in k]
-        unexpected = [k for k in unexpected if ".router." not in k]
-    if missing or unexpected:
-        raise ValueError(f"checkpoint {source} does not match this model: missing {missing[:4]}, "
-                         f"unexpected {unexpected[:4]}")
-
-
-def pick_device(name):
-    if name != "auto":
-        return name
-    if torch.cuda.is_available():
-        return "cuda"
-    if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
-        return "mps"
-    return "cpu"
-
-
-def pick_dtype(name, device):
-    if name == "auto":
-        return torch.bfloat16 if device.startswith("cuda") and torch.cuda.is_bf16_supported() else torch.float32
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
-
-
 class Logger:
     """TensorBoard scalars of the run (rank 0 only)."""
 
@@ -146,15 +95,7 @@ class Logger:
                 self.writer.add_scalar(name, value, step)
 
     def routing(self, step, prefix, stats, kinds):
-        values = {f"{prefix}/global_frac": stats["routed_global_frac"].item(),
-                  f"{prefix}/attention_flop_frac": stats["model_flop_frac"].item()}
-        for layer, kind in enumerate(kinds):
-            if kind != "routed":
-                continue
-            values[f"{prefix}_layers/global_frac_layer{layer}"] = stats["global_frac"][layer].mean().item()
-            for head, frac in enumerate(stats["global_frac"][layer].tolist()):
-                values[f"{prefix}_heads/layer{layer}_head{head}"] = frac
-        self.scalars(step, {k: v for k, v in values.items() if not math.isnan(v)})
+        self.scalars(step, tensorboard_scalars(prefix, stats, kinds))
 
     def close(self):
         if self.writer:
@@ -175,27 +116,7 @@ def evaluate(model, batches, autocast):
             losses.append(out.lm_loss.item())
             stats.append(routing_stats(out, model.config))
     model.train()
-    mean = {k: torch.stack([s[k].float().cpu() for s in stats]).mean(0) for k in stats[0]}
-    return sum(losses) / len(losses), mean
-
-
-def warn_collapse(stats, kinds, threshold, step):
-    """A routed layer whose heads (almost) never go global gets no gradient through its full-attention path,
-    so it rarely recovers: say so loudly, with what to try."""
-    collapsed = [i for i, kind in enumerate(kinds)
-                 if kind == "routed" and stats["global_frac"][i].mean().item() < threshold]
-    if collapsed:
-        layers = ", ".join(f"{i} ({100 * stats['global_frac'][i].mean().item():.2f}% global, mean p "
-                           f"{stats['mean_p'][i].mean().item():.3f})" for i in collapsed)
-        tqdm.write(f"WARNING step {step}: router collapse in layer(s) {layers}: global attention is switched off. "
-                   "Try p_dense > 0, a later router_lambda_start, a longer ramp or router_budget > 0.")
-    return collapsed
-
-
-def format_routing(stats):
-    frac = stats["routed_global_frac"].item()
-    glob = "" if math.isnan(frac) else f"global {100 * frac:.1f}% "
-    return f"{glob}attn-FLOPs {100 * stats['model_flop_frac'].item():.0f}%"
+    return sum(losses) / len(losses), mean_stats(stats)
 
 
 def train(tcfg, mcfg):
@@ -213,7 +134,7 @@ def train(tcfg, mcfg):
     master = rank == 0
     dtype = pick_dtype(tcfg.dtype, device)
     device_type = "cuda" if device.startswith("cuda") else "cpu"
-    autocast = nullcontext() if dtype == torch.float32 else torch.autocast(device_type, dtype=dtype)
+    autocast = autocast_context(device, dtype)
 
     data_dir = tcfg.data_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", tcfg.dataset)
     data = TokenData(data_dir, mcfg.block_size, mcfg.vocab_size, tcfg.doc_aligned_windows)
@@ -319,13 +240,13 @@ def train(tcfg, mcfg):
             stats = routing_stats(out, raw_model.config)
             eta = dt * (tcfg.max_iters - iter_num)
             tok_s = tokens_per_iter / dt
-            tqdm.write(f"iter {iter_num}: loss {out.loss.item():.4f} (lm {out.lm_loss.item():.4f}, penalty "
-                       f"{out.penalty.item():.3f} x {lam:.2g}) | {format_routing(stats)}"
-                       f"{' [forced global]' if force_global else ''} | lr {lr:.2e} | {tok_s:,.0f} tok/s | "
-                       f"ETA {eta / 60:.1f} min")
+            tqdm.write(f"iter {iter_num}: loss {out.loss.item():.4f} (lm {out.lm_loss.item():.4f} + penalty "
+                       f"{out.penalty.item():.2g}; mean p {out.mean_p.item():.3f}, lambda {lam:.2g}) | "
+                       f"{format_routing(stats)}{' [forced global]' if force_global else ''} | lr {lr:.2e} | "
+                       f"{tok_s:,.0f} tok/s | ETA {eta / 60:.1f} min")
             logger.scalars(iter_num, {"train/loss": out.loss.item(), "train/lm_loss": out.lm_loss.item(),
-                                      "train/penalty": out.penalty.item(), "train/lambda": lam, "train/lr": lr,
-                                      "train/tokens_per_s": tok_s})
+                                      "train/penalty_added": out.penalty.item(), "train/mean_p": out.mean_p.item(),
+                                      "train/lambda": lam, "train/lr": lr, "train/tokens_per_s": tok_s})
             logger.routing(iter_num, "train_routing", stats, mcfg.kinds)
             t_last, iters_timed = time.time(), 0
     bar.close()

@@ -1,5 +1,5 @@
 # Associative recall (data/synthetic) at T = 512, w = 32, 4 key-value pairs and 4 queries per example: the
-# budget shared by the runs of results/recall.md, and on its own the dense baseline. The local and routed runs
+# budget shared by the recall records in results/, and on its own the dense baseline. The local and routed runs
 # add one small config file:
 # python data/synthetic/prepare.py --task=recall --block_size=512 --window=32 --n_pairs=4 --n_queries=4 --out_dir=data/recall
 # python train.py configs/recall.py && python eval_routing.py --out_dir=out/recall_dense --data_dir=data/recall

@@ -1,8 +1,8 @@
-# Routing fine-tuned onto the dense model of configs/recall.py (results/recall.md section 1b: 35.3% accuracy at
-# 1.4% global, against dense's 34.1% after as many steps). Every weight learns, the routers start at p = 0.5
-# (all global, as in L2A), and lambda is 100x the from-scratch recipe's, which is too weak to close the heads
-# of a trained model:
+# Routing fine-tuned onto the dense model of configs/recall.py (results/2026-11-29_recall_lambda1_finetune).
+# Every weight learns, the routers start at p = 0.5 (all global, as in L2A), and lambda is 100x the
+# from-scratch recipe's, which is too weak to close the heads of a trained model:
 # python train.py configs/recall.py && python train.py configs/recall.py configs/recall_finetune.py
+_base = "configs/recall.py"  # an overlay: python train.py configs/recall.py configs/recall_finetune.py
 out_dir = "out/recall_finetune"
 init_from = "out/recall_dense/ckpt.pt"
 schedule = "R"

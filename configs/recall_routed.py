@@ -1,5 +1,7 @@
-# The routed (AHA) model with the anti-collapse recipe of results/recall.md, on the budget of configs/recall.py:
+# The routed (AHA) model with the anti-collapse recipe (results/2026-11-29_recall_recipe_search), on the budget of
+# configs/recall.py:
 # python train.py configs/recall.py configs/recall_routed.py
+_base = "configs/recall.py"  # an overlay: python train.py configs/recall.py configs/recall_routed.py
 out_dir = "out/recall_routed"
 schedule = "R"
 router_init_bias = 2.0      # p = 0.88: every head starts clearly global, not on the 0.5 threshold

@@ -5,6 +5,8 @@ a local query at position t sees keys t-window+1 .. t plus the first n_sink posi
 """
 import torch
 
+from kernels.gates import combine
+
 
 def local_visible(query_pos, key_pos, window, n_sink=0):
     """(Tq, S) bool: a local query at each of query_pos may read the key at each of key_pos."""
@@ -46,7 +48,4 @@ def reference_attention(q, k, v, kind, window, n_sink=0, gate=None, mode="exact"
     if kind == "local":
         return local
     full = masked_attention(q, k, v, causal_mask(T, q.device))
-    delta = full - local
-    if mode == "sparse":
-        delta = delta * (gate.detach() > 0.5).unsqueeze(-1)
-    return local + gate.unsqueeze(-1).to(q.dtype) * delta
+    return combine(local, full, gate, only_gated=mode == "sparse")

@@ -1,31 +1,30 @@
 """Efficient pure-PyTorch attention: runs everywhere (CPU included), same results as kernels/reference.py.
 
 - local: queries in chunks; every chunk reads the sinks and the keys from `window` before it to its end,
-  under a mask (LocalAttention), so the cost grows with T * window, not T^2.
+  under a mask (ChunkedLocalAttention), so the cost grows with T * window, not T^2.
 - routed, 'exact': full and local outputs for every token (exact straight-through gradient).
-- routed, 'sparse': local output for every token, full output only for gated tokens, over key blocks
-  merged by their log-sum-exps (RoutedSparseAttention).
+- routed, 'sparse': local output for every token, full output only for gated tokens (kernels/gates.py
+  compacts them), over key blocks merged by their log-sum-exps (RoutedSparseAttention).
 
 Forward and backward are written out on `attend` / `attend_backward`: attention over one block of keys
 that also returns the log-sum-exp, and its backward given the output and log-sum-exp over all the blocks
-a row reads (the fused flash kernel on CPU, plain matmuls elsewhere).
+a row reads (the fused flash kernel on CPU, plain fp32 matmuls elsewhere).
 """
 import math
 
 import torch
 import torch.nn.functional as F
 
-LOCAL_CHUNK = 64  # most queries per local chunk: longer ones read more masked keys, shorter ones run
-                 # the kernel on fewer rows at a time; 64 measured faster than 128 and 32
-LOCAL_CALL_SIZE = 2 ** 18  # key (or key gradient) elements per local kernel call: the backward's key and
-                           # value gradients (1 MB each in fp32) then stay in a 2 MB L2 cache for the fold
-                           # and their memory is reused from call to call (routed sparse at T=4096, one
-                           # thread: 0.92 of the time with 2**20; 2**17: 0.95; 2**16 and 2**19 no faster)
+from kernels.gates import combine, combine_rows, compact_gates
+
+# Tuning constants, measured on the CPU flash kernel (results/2026-11-29_cpu_attention_tuning).
+LOCAL_CHUNK = 64  # most queries per local chunk: longer chunks read more masked keys, shorter ones give
+                  # the kernel fewer rows per call
+LOCAL_CALL_SIZE = 2 ** 18  # key elements per local kernel call: one call's key and value gradients stay in L2
 MASKED = -1e30  # _gated_forward's mask value: finite, so rows that read none of a block get a finite
                 # log-sum-exp near -1e30 (not NaN) and merge with weight exp(-1e30 - lse) = 0
-GATED_KEY_BLOCK = 512  # keys per _gated_forward block: larger ones mask more scores, smaller ones
-                       # cost more calls and merges (128 to 512 measured alike on one thread, 512 the
-                       # fastest on two threads of a busy CPU)
+GATED_KEY_BLOCK = 512  # keys per _gated_forward block: larger blocks mask more scores, smaller ones cost
+                       # more calls and merges
 
 
 def dense_attention(q, k, v):
@@ -34,18 +33,12 @@ def dense_attention(q, k, v):
 
 def local_attention(q, k, v, window, n_sink=0):
     """Sliding-window attention with sinks. Chunk i holds queries i*c .. i*c+c-1 and reads the sinks and
-    chunks i-m .. i (m = ceil(window / c)) under a mask (LocalAttention)."""
-    return LocalAttention.apply(q, k, v, window, _sinks(n_sink, window, q.shape[2]))
+    chunks i-m .. i (m = ceil(window / c)) under a mask (ChunkedLocalAttention). Arguments are checked by
+    kernels.attention.attention."""
+    return ChunkedLocalAttention.apply(q, k, v, window, min(n_sink, q.shape[2]))
 
 
-def _sinks(n_sink, window, T):
-    """The number of sinks that exist, after checking n_sink."""
-    if n_sink > window:
-        raise ValueError(f"n_sink={n_sink} must not exceed window={window}")
-    return min(n_sink, T)
-
-
-class LocalAttention(torch.autograd.Function):
+class ChunkedLocalAttention(torch.autograd.Function):
     """Local attention over chunks, forward and backward written out (_local_forward, _local_backward)."""
 
     @staticmethod
@@ -69,7 +62,7 @@ def _local_forward(q, k, v, window, n_sink):
     c = min(window, LOCAL_CHUNK)
     n = math.ceil(T / c)
     n_prev = math.ceil(window / c)
-    queries = _pad_to(q, n * c).view(B * H, n, c, D)
+    queries = _pad_to(q, n * c).reshape(B * H, n, c, D)  # q may be strided
     keys, values = (_windows(x, n, c, n_prev, n_sink) for x in (k, v))
     per_call = max(1, LOCAL_CALL_SIZE // (B * H * keys.shape[2] * D))
     parts = _local_masks(n, c, n_prev, window, n_sink, per_call, q)
@@ -154,14 +147,23 @@ def _cpu_kernel(x):
 
 
 def attend(q, k, v, mask=None):
-    """softmax(q k^T / sqrt(D) + mask) v and its log-sum-exp (B, H, Lq): attention over one block of keys."""
+    """softmax(q k^T / sqrt(D) + mask) v and its log-sum-exp (B, H, Lq): attention over one block of keys.
+    The output has q's dtype; scores, softmax and log-sum-exp are at least fp32 on every path."""
     if _cpu_kernel(q):
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=mask)
-    scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-1, -2)
-    if mask is not None:
-        scores = scores + mask
+    acc = _accumulation_dtype(q)
+    scores = _scores(q, k, mask, acc)
     lse = scores.logsumexp(-1)
-    return (scores - lse[..., None]).exp() @ v, lse
+    return ((scores - lse[..., None]).exp() @ v.to(acc)).to(q.dtype), lse
+
+
+def _accumulation_dtype(x):
+    return torch.promote_types(x.dtype, torch.float32)
+
+
+def _scores(q, k, mask, acc):
+    scores = (q.to(acc) * q.shape[-1] ** -0.5) @ k.to(acc).transpose(-1, -2)
+    return scores if mask is None else scores + mask
 
 
 def attend_backward(grad_out, q, k, v, out, lse, mask=None):
@@ -171,13 +173,12 @@ def attend_backward(grad_out, q, k, v, out, lse, mask=None):
     if _cpu_kernel(q):
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
             grad_out, q, k, v, out, lse, 0.0, False, attn_mask=mask)
-    scale = q.shape[-1] ** -0.5
-    scores = (q * scale) @ k.transpose(-1, -2)
-    if mask is not None:
-        scores = scores + mask
-    p = (scores - lse[..., None]).exp()
-    grad_scores = p * (grad_out @ v.transpose(-1, -2) - (grad_out * out).sum(-1, keepdim=True))
-    return grad_scores @ k * scale, grad_scores.transpose(-1, -2) @ q * scale, p.transpose(-1, -2) @ grad_out
+    acc, scale = _accumulation_dtype(q), q.shape[-1] ** -0.5
+    p = (_scores(q, k, mask, acc) - lse.to(acc)[..., None]).exp()
+    grad_out = grad_out.to(acc)
+    grad_scores = p * (grad_out @ v.to(acc).transpose(-1, -2) - (grad_out * out.to(acc)).sum(-1, keepdim=True))
+    return ((grad_scores @ k.to(acc) * scale).to(q.dtype), (grad_scores.transpose(-1, -2) @ q.to(acc) * scale).to(k.dtype),
+            (p.transpose(-1, -2) @ grad_out).to(v.dtype))
 
 
 def _merge(out, lse, block_out, block_lse):
@@ -190,7 +191,7 @@ def _gated_forward(q_rows, k, v, pos, blocks):
     """Full causal attention of gathered query rows, over key blocks merged by their log-sum-exps.
 
     q_rows (B, H, M, D): each (batch, head)'s queries in position order, `pos` (B, H, M) their positions.
-    Per key block [s, e) (`blocks`, from gated_rows), rows [b, M) see all of it in every batch and head: one
+    Per key block [s, e) (`blocks`, from key_blocks), rows [b, M) see all of it in every batch and head: one
     call without a mask, over many rows, which the CPU kernel runs about as fast per score as dense attention;
     rows [a, b) see part of it: one call with a mask (_block_masks); rows before a see none of it. Returns
     the output and the tensors _gated_backward needs."""
@@ -208,11 +209,9 @@ def _gated_forward(q_rows, k, v, pos, blocks):
 
 def _block_masks(pos, blocks, dtype):
     """Each block's mask for its rows [a, b) that see part of it (None where there are none), all in one
-    buffer that the next overwrites, and built again for the backward: masks kept for the backward would be
-    megabytes of fresh memory per block, whose page faults cost more than building them twice (at T=4096,
-    1 thread: 2.7k faults per forward). Row i + 1 of the table is the mask of a row at key i of its block,
-    so a block's mask is a copy of table rows (index_select copies whole rows: several times faster than
-    comparing positions or than advanced indexing)."""
+    buffer that the next overwrites, and built again for the backward (fresh memory per block costs more in
+    page faults than building twice). Row i + 1 of the table is the mask of a row at key i of its block, so a
+    block's mask is a copy of table rows (index_select copies whole rows, the fastest way measured)."""
     B, H = pos.shape[:2]
     block = max(e - s for s, e, _, _ in blocks)
     mask_rows = torch.full((block + 1, block), MASKED, dtype=dtype, device=pos.device).triu_()
@@ -251,21 +250,21 @@ def _zeros_like_kernel_output(x):
 
 class RoutedSparseAttention(torch.autograd.Function):
     """routed_attention's 'sparse' mode: out = local + gate * (full - local), the full output computed for
-    gated rows only (gated_rows, _gated_forward) and added in place of a full-size delta. Written out so
+    gated rows only (compact_gates, _gated_forward) and added in place of a full-size delta. Written out so
     that the gated rows' gradients go straight into the local attention's gradient buffers."""
 
     @staticmethod
     def forward(ctx, q, k, v, gate, window, n_sink):
         local, local_saved, ctx.local_meta = _local_forward(q, k, v, window, n_sink)
-        pos, valid, ctx.blocks = gated_rows(gate > 0.5, GATED_KEY_BLOCK)
+        pos, valid = compact_gates(gate > 0.5)
+        ctx.blocks = key_blocks(pos, q.shape[2], GATED_KEY_BLOCK)
         index = pos.unsqueeze(-1).expand(*pos.shape, q.shape[-1])
         acc = torch.promote_types(q.dtype, torch.float32)
         full, gated_saved = _gated_forward(q.gather(2, index).to(acc), k.to(acc), v.to(acc), pos, ctx.blocks)
-        delta = full.to(q.dtype) - local.gather(2, index)
-        weight = gate.gather(2, pos) * valid
+        out, index, weight, delta = combine_rows(local, full, gate, pos, valid, in_place=True)  # local: fresh
         ctx.save_for_backward(pos, valid, delta, weight, *local_saved, *gated_saved)
         ctx.n_local = len(local_saved)
-        return local.scatter_add_(2, index, weight.unsqueeze(-1).to(q.dtype) * delta)  # local: a fresh buffer
+        return out
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -284,33 +283,20 @@ class RoutedSparseAttention(torch.autograd.Function):
         return grad_q, grad_k, grad_v, grad_gate, None, None
 
 
-def gated_rows(gated, key_block):
-    """Positions (B, H, M) of each (batch, head)'s gated tokens in order, M the largest count, and `valid`
-    marking them; the rows are right-aligned: a (batch, head) with fewer gated tokens is padded at the
-    front with position 0, where rows read the fewest keys. Also _gated_forward's key blocks: per block
-    [s, e), the first row that reads any of it and the first that reads all of it, over all batches and heads
-    (the positions grow along the rows in each, so the rows reading any or all of a block are a suffix)."""
-    B, H, T = gated.shape
-    counts = gated.sum(-1, keepdim=True)
-    M = int(counts.max())
-    # each gated token's row, from its rank among the gated ones (a cumsum: 4x faster than a sort); the
-    # other tokens all go to a spare row M, dropped
-    row = torch.where(gated, gated.cumsum(-1) + (M - 1 - counts), M)
-    positions = torch.arange(T, device=gated.device).expand(B, H, T)
-    pos = gated.new_zeros((B, H, M + 1), dtype=torch.long).scatter_(2, row, positions)[..., :M]
-    valid = torch.arange(M, device=gated.device) >= M - counts
-    starts = torch.arange(0, T, key_block, device=gated.device)
+def key_blocks(pos, T, key_block):
+    """_gated_forward's key blocks for the rows of compact_gates: per block [s, e), the first row that reads
+    any of it and the first that reads all of it, over all batches and heads (positions never decrease along
+    the rows, so the rows reading any or all of a block are a suffix)."""
+    starts = torch.arange(0, T, key_block, device=pos.device)
     ends = (starts + key_block).clamp(max=T)
     reads_any = torch.searchsorted(pos.amax((0, 1)), starts)
     reads_all = torch.searchsorted(pos.amin((0, 1)), ends - 1)
-    return pos, valid, list(zip(starts.tolist(), ends.tolist(), reads_any.tolist(), reads_all.tolist()))
+    return list(zip(starts.tolist(), ends.tolist(), reads_any.tolist(), reads_all.tolist()))
 
 
 def routed_attention(q, k, v, gate, window, n_sink=0, mode="exact"):
-    """gate: float (B, H, T), 0/1 forward values carrying the straight-through gradient."""
+    """gate: float (B, H, T), 0/1 forward values carrying the straight-through gradient. Arguments are checked
+    by kernels.attention.attention."""
     if mode == "exact":
-        local = local_attention(q, k, v, window, n_sink)
-        return local + gate.unsqueeze(-1).to(q.dtype) * (dense_attention(q, k, v) - local)
-    if mode != "sparse":
-        raise ValueError(f"routed mode must be 'exact' or 'sparse', got {mode!r}")
-    return RoutedSparseAttention.apply(q, k, v, gate, window, _sinks(n_sink, window, q.shape[2]))
+        return combine(local_attention(q, k, v, window, n_sink), dense_attention(q, k, v), gate)
+    return RoutedSparseAttention.apply(q, k, v, gate, window, min(n_sink, q.shape[2]))

@@ -40,10 +40,8 @@ def launch_config(head_dim, dtype):
 
 def gpu_launch_config(head_dim, dtype):
     """16-bit inputs: 64 x 64 tiles keep the window overhead (w + BLOCK_M keys read per query tile instead of w)
-    low while staying tensor-core friendly. fp32 at "highest" precision runs tl.dot on FMA units, which holds
-    far more in registers: compiled for sm_90 (bench/compile_kernels.py), 64 x 64 tiles spill 1-14 KB per
-    thread at D >= 64 and 32 x 32 tiles at most 1.8 KB (D = 128), so fp32 gets 32 x 32 (it is a correctness path; train
-    in bf16)."""
+    low while staying tensor-core friendly. fp32 (a correctness path; train in bf16) runs tl.dot on FMA units
+    at "highest" precision, which needs more registers: 32 x 32 tiles (results/2026-11-29_sm90_compiled)."""
     if dtype == torch.float32:
         return dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2)
     return dict(BLOCK_M=64, BLOCK_N=64, num_warps=4 if head_dim <= 64 else 8, num_stages=2)

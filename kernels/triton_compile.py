@@ -30,7 +30,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # Argument naming in the kernels: upper case = pointer (except the sizes H and T), "*_scale" = float, any other
 # lower-case name = int. These buffers have a fixed element type; every other pointer has the inputs' dtype.
 FP32_BUFFERS = {"LSE", "DELTA", "DK_SINK", "DV_SINK", "OUT"}
-INT32_BUFFERS = {"POS", "FIRST_ROW", "COUNT"}
+INT32_BUFFERS = {"POS", "FIRST_VALID", "FIRST_ROW"}
 MAX_SHARED_BYTES = {90: 227 * 1024}  # per block, opt-in maximum (H100/H200)
 
 

@@ -1,13 +1,13 @@
 """Full causal attention for the gated (global) queries only, as Triton kernels (the L2A compaction scheme).
 
-The gated queries of each (batch, head) are compacted: a stable sort of the gate puts them first, in position
-order, and `pos` (B, H, n_rows) holds their true positions, with -1 as padding where a head has fewer gated
-queries than the busiest one. Kernels read q rows through `pos` (no gathered copy of q) and mask causally on
-true positions; a padding row (-1) sees no key at all.
+The gated queries of each (batch, head) arrive compacted by kernels.gates.compact_gates: `pos` (B, H, n_rows)
+holds their positions in order, right-aligned, and rows before `first_valid` (one per (batch, head)) are
+padding. Kernels read q rows through `pos` (no gathered copy of q) and mask causally on true positions; a
+padding row sees no key at all.
   forward  per compacted query tile: key tiles 0 .. the tile's largest true position
   dQ       per compacted query tile, the same loop; written straight to the true positions
   dK, dV   per key tile: compacted query tiles from the first one whose largest position reaches the key tile
-           (positions are sorted, so that is a searchsorted) to the head's last gated query
+           (positions never decrease along the rows, so that is a searchsorted) to the last row
 """
 import torch
 import triton
@@ -18,25 +18,16 @@ from kernels.triton_common import (LOG2E, bht_strides, dot_precision, head_ptr, 
                                    softmax_finish, softmax_step, store_rows)
 
 
-def compact_gated(hard):
-    """hard: (B, H, T) bool. Returns
-    rows (B, H, n_rows) int64: gated positions in order, then ungated ones; distinct, so safe to scatter to.
-    pos  (B, H, n_rows) int32: the same gated positions, -1 in the padding slots.
-    n_rows = the largest gated count over (batch, head), at least 1 so that shapes never vanish."""
-    count = hard.sum(-1, keepdim=True)
-    n_rows = max(1, int(count.max()))
-    rows = torch.sort((~hard).to(torch.int8), dim=-1, stable=True).indices[..., :n_rows]
-    is_gated = torch.arange(n_rows, device=hard.device) < count
-    return rows, torch.where(is_gated, rows, -1).to(torch.int32)
+@triton.jit
+def _load_rows_of(POS, FIRST_VALID, bh, rows, n_rows):
+    """Positions of compacted rows and whether they are real (not padding, inside the buffer)."""
+    in_buf = rows < n_rows
+    pos = tl.load(POS + bh * n_rows + rows, mask=in_buf, other=0)
+    return pos, in_buf & (rows >= tl.load(FIRST_VALID + bh))
 
 
 @triton.jit
-def _load_positions(POS, bh, rows, n_valid, n_rows):
-    return tl.load(POS + bh * n_rows + rows, mask=rows < n_valid, other=-1)
-
-
-@triton.jit
-def _global_fwd_kernel(Q, K, V, POS, O, LSE, sqb, sqh, sqt, skb, skh, skt, svb, svh, svt,
+def _global_fwd_kernel(Q, K, V, POS, FIRST_VALID, O, LSE, sqb, sqh, sqt, skb, skh, skt, svb, svh, svt,
                        H, T, n_rows, qk_scale,
                        D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
     bh = tl.program_id(1)
@@ -44,8 +35,8 @@ def _global_fwd_kernel(Q, K, V, POS, O, LSE, sqb, sqh, sqt, skb, skh, skt, svb, 
     K = head_ptr(K, bh, H, skb, skh)
     V = head_ptr(V, bh, H, svb, svh)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    pos = _load_positions(POS, bh, rows, n_rows, n_rows)
-    q = load_rows(Q, pos, sqt, pos >= 0, D)
+    pos, valid = _load_rows_of(POS, FIRST_VALID, bh, rows, n_rows)
+    q = load_rows(Q, pos, sqt, valid, D)
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
@@ -53,7 +44,8 @@ def _global_fwd_kernel(Q, K, V, POS, O, LSE, sqb, sqh, sqt, skb, skh, skt, svb, 
         keys = n0 + tl.arange(0, BLOCK_N)
         k = load_rows(K, keys, skt, keys < T, D)
         v = load_rows(V, keys, svt, keys < T, D)
-        m_i, l_i, acc = softmax_step(q, k, v, keys[None, :] <= pos[:, None], m_i, l_i, acc, qk_scale, PREC)
+        visible = valid[:, None] & (keys[None, :] <= pos[:, None])
+        m_i, l_i, acc = softmax_step(q, k, v, visible, m_i, l_i, acc, qk_scale, PREC)
     out, lse = softmax_finish(m_i, l_i, acc)
     in_buf = rows < n_rows
     store_rows(O + bh.to(tl.int64) * n_rows * D, rows, D, out.to(O.dtype.element_ty), in_buf, D)
@@ -61,7 +53,7 @@ def _global_fwd_kernel(Q, K, V, POS, O, LSE, sqb, sqh, sqt, skb, skh, skt, svb, 
 
 
 @triton.jit
-def _global_bwd_dq_kernel(Q, K, V, POS, DO, LSE, DELTA, DQ,
+def _global_bwd_dq_kernel(Q, K, V, POS, FIRST_VALID, DO, LSE, DELTA, DQ,
                           sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdb, sdh, sdt,
                           H, T, n_rows, sm_scale, qk_scale,
                           D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
@@ -72,8 +64,8 @@ def _global_bwd_dq_kernel(Q, K, V, POS, DO, LSE, DELTA, DQ,
     DO = head_ptr(DO, bh, H, sdb, sdh)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     in_buf = rows < n_rows
-    pos = _load_positions(POS, bh, rows, n_rows, n_rows)
-    q = load_rows(Q, pos, sqt, pos >= 0, D)
+    pos, valid = _load_rows_of(POS, FIRST_VALID, bh, rows, n_rows)
+    q = load_rows(Q, pos, sqt, valid, D)
     do = load_rows(DO, rows, sdt, in_buf, D)
     lse = tl.load(LSE + bh * n_rows + rows, mask=in_buf, other=0.0)
     delta = tl.load(DELTA + bh * n_rows + rows, mask=in_buf, other=0.0)
@@ -82,13 +74,14 @@ def _global_bwd_dq_kernel(Q, K, V, POS, DO, LSE, DELTA, DQ,
         keys = n0 + tl.arange(0, BLOCK_N)
         k = load_rows(K, keys, skt, keys < T, D)
         v = load_rows(V, keys, svt, keys < T, D)
-        p, ds = score_grads(q, k, v, do, lse, delta, keys[None, :] <= pos[:, None], qk_scale, PREC)
+        visible = valid[:, None] & (keys[None, :] <= pos[:, None])
+        p, ds = score_grads(q, k, v, do, lse, delta, visible, qk_scale, PREC)
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
-    store_rows(DQ + bh.to(tl.int64) * T * D, pos, D, (dq * sm_scale).to(DQ.dtype.element_ty), pos >= 0, D)
+    store_rows(DQ + bh.to(tl.int64) * T * D, pos, D, (dq * sm_scale).to(DQ.dtype.element_ty), valid, D)
 
 
 @triton.jit
-def _global_bwd_dkdv_kernel(Q, K, V, POS, DO, LSE, DELTA, FIRST_ROW, COUNT, DK, DV,
+def _global_bwd_dkdv_kernel(Q, K, V, POS, FIRST_VALID, DO, LSE, DELTA, FIRST_ROW, DK, DV,
                             sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdb, sdh, sdt,
                             H, T, n_rows, sm_scale, qk_scale,
                             D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
@@ -104,16 +97,15 @@ def _global_bwd_dkdv_kernel(Q, K, V, POS, DO, LSE, DELTA, FIRST_ROW, COUNT, DK, 
     dk = tl.zeros([BLOCK_N, D], tl.float32)
     dv = tl.zeros([BLOCK_N, D], tl.float32)
     first_row = tl.load(FIRST_ROW + bh * tl.num_programs(0) + key_tile)
-    n_gated = tl.load(COUNT + bh)
-    for r0 in range(first_row // BLOCK_M * BLOCK_M, n_gated, BLOCK_M):
+    for r0 in range(first_row // BLOCK_M * BLOCK_M, n_rows, BLOCK_M):
         rows = r0 + tl.arange(0, BLOCK_M)
-        is_gated = rows < n_gated
-        pos = _load_positions(POS, bh, rows, n_gated, n_rows)
+        pos, is_gated = _load_rows_of(POS, FIRST_VALID, bh, rows, n_rows)
         q_t = load_rows_t(Q, pos, sqt, is_gated, D)
         do = load_rows(DO, rows, sdt, is_gated, D)
         lse = tl.load(LSE + bh * n_rows + rows, mask=is_gated, other=0.0)
         delta = tl.load(DELTA + bh * n_rows + rows, mask=is_gated, other=0.0)
-        p_t, ds_t = key_grads(k, v, q_t, do, lse, delta, keys[:, None] <= pos[None, :], qk_scale, PREC)
+        visible_t = is_gated[None, :] & (keys[:, None] <= pos[None, :])
+        p_t, ds_t = key_grads(k, v, q_t, do, lse, delta, visible_t, qk_scale, PREC)
         dv += tl.dot(p_t.to(do.dtype), do, input_precision=PREC)
         dk += tl.dot(ds_t.to(q_t.dtype), tl.trans(q_t), input_precision=PREC)
     in_seq = keys < T
@@ -122,44 +114,44 @@ def _global_bwd_dkdv_kernel(Q, K, V, POS, DO, LSE, DELTA, FIRST_ROW, COUNT, DK, 
 
 
 class GlobalAttention(torch.autograd.Function):
-    """(q, k, v: (B, H, T, D), pos: (B, H, n_rows)) -> full causal output of the compacted rows, (B, H, n_rows, D);
-    padding rows hold zeros."""
+    """(q, k, v: (B, H, T, D), pos, valid: (B, H, n_rows) from compact_gates) -> full causal output of the
+    compacted rows, (B, H, n_rows, D); padding rows hold zeros."""
 
     @staticmethod
-    def forward(ctx, q, k, v, pos):
+    def forward(ctx, q, k, v, pos, valid):
         B, H, T, D = q.shape
         n_rows = pos.shape[-1]
         cfg = launch_config(D, q.dtype)
+        pos = pos.reshape(B * H, n_rows).to(torch.int32)
+        first_valid = (n_rows - valid.sum(-1)).reshape(B * H).to(torch.int32)
         o = output_buffer((B, H, n_rows, D), q.device, q.dtype)
         lse = output_buffer((B * H, n_rows), q.device, torch.float32)
         _global_fwd_kernel[(triton.cdiv(n_rows, cfg["BLOCK_M"]), B * H)](
-            q, k, v, pos, o, lse, *bht_strides(q), *bht_strides(k), *bht_strides(v),
+            q, k, v, pos, first_valid, o, lse, *bht_strides(q), *bht_strides(k), *bht_strides(v),
             H, T, n_rows, D ** -0.5 * LOG2E, D=D, PREC=dot_precision(q.dtype), **cfg)
-        ctx.save_for_backward(q, k, v, pos, o, lse)
+        ctx.save_for_backward(q, k, v, pos, first_valid, o, lse)
         return o
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, pos, o, lse = ctx.saved_tensors
+        q, k, v, pos, first_valid, o, lse = ctx.saved_tensors
         B, H, T, D = q.shape
         n_rows = pos.shape[-1]
         cfg = launch_config(D, q.dtype)
         do = rows_contiguous(do)
         delta = row_dot(do, o)
-        pos = pos.reshape(B * H, n_rows)
-        n_gated = (pos >= 0).sum(-1, dtype=torch.int32)
         key_tile_starts = torch.arange(0, T, cfg["BLOCK_N"], device=q.device, dtype=torch.int32)
-        sorted_pos = torch.where(pos >= 0, pos, T)  # padding sorts last
-        first_row = torch.searchsorted(sorted_pos, key_tile_starts.expand(B * H, -1).contiguous(), out_int32=True)
+        first_row = torch.searchsorted(pos, key_tile_starts.expand(B * H, -1).contiguous(), out_int32=True)
+        first_row = torch.maximum(first_row, first_valid[:, None])  # padding rows (position 0) come first
         dq = torch.zeros_like(q, memory_format=torch.contiguous_format)  # ungated rows get no gradient here
         dk = output_buffer(k.shape, k.device, k.dtype)
         dv = output_buffer(v.shape, v.device, v.dtype)
         strides = (*bht_strides(q), *bht_strides(k), *bht_strides(v), *bht_strides(do))
         scales = (D ** -0.5, D ** -0.5 * LOG2E)
         _global_bwd_dq_kernel[(triton.cdiv(n_rows, cfg["BLOCK_M"]), B * H)](
-            q, k, v, pos, do, lse, delta, dq, *strides, H, T, n_rows, *scales,
+            q, k, v, pos, first_valid, do, lse, delta, dq, *strides, H, T, n_rows, *scales,
             D=D, PREC=dot_precision(q.dtype), **cfg)
         _global_bwd_dkdv_kernel[(triton.cdiv(T, cfg["BLOCK_N"]), B * H)](
-            q, k, v, pos, do, lse, delta, first_row, n_gated, dk, dv, *strides, H, T, n_rows, *scales,
+            q, k, v, pos, first_valid, do, lse, delta, first_row, dk, dv, *strides, H, T, n_rows, *scales,
             D=D, PREC=dot_precision(q.dtype), **cfg)
-        return dq, dk, dv, None
+        return dq, dk, dv, None, None

@@ -142,7 +142,7 @@ def _local_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV,
     store_rows(DV + bh.to(tl.int64) * T * D, keys, D, dv.to(DV.dtype.element_ty), in_seq, D)
 
 
-class LocalAttention(torch.autograd.Function):
+class TritonLocalAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, window, n_sink):
         B, H, T, D = q.shape
@@ -191,4 +191,4 @@ def local_attention(q, k, v, window, n_sink=0):
         raise ValueError(f"window must be >= 1, got {window}")
     if n_sink > window:
         raise ValueError(f"n_sink={n_sink} must not exceed window={window}")
-    return LocalAttention.apply(rows_contiguous(q), rows_contiguous(k), rows_contiguous(v), window, n_sink)
+    return TritonLocalAttention.apply(rows_contiguous(q), rows_contiguous(k), rows_contiguous(v), window, n_sink)

@@ -1,7 +1,19 @@
+import os
+import sys
+
 import numpy as np
 import pytest
+import torch
 
-from data.tokens import write_meta, write_tokens
+# Without CUDA the Triton kernels run in Triton's interpreter. triton.jit picks the interpreter when a kernel is
+# defined, so TRITON_INTERPRET must be set before anything imports the kernels: here, when pytest loads this
+# file, before it imports any test module. (tests/test_triton_compile.py runs the compiler in a subprocess
+# without it.)
+if not torch.cuda.is_available():
+    assert "kernels.triton_common" not in sys.modules, "Triton kernels were imported before TRITON_INTERPRET=1"
+    os.environ["TRITON_INTERPRET"] = "1"
+
+from data.tokens import write_meta, write_tokens  # noqa: E402
 
 
 @pytest.fixture

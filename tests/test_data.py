@@ -19,7 +19,7 @@ from data.prepare import fetch, prepare, prepare_files
 from data.prepare import main as prepare_main
 from data.shakespeare.prepare import main as shakespeare_main
 from data.tokens import Encoder, read_meta, token_dtype, write_meta
-from model import GPTConfig
+from model import GPT, GPTConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEECHES = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n" * 20
@@ -98,6 +98,23 @@ def test_char_encoding_and_document_separator_from_the_command_line(tmp_path):
     assert meta["vocab_size"] == len(meta["chars"]) + 1 and meta["eot_token"] == len(meta["chars"])
     assert all_documents(tmp_path / "out") == Counter({"First Citizen:\nBefore we proceed any further, hear me speak.": 20,
                                                        "All:\nSpeak, speak.": 20})
+
+
+@pytest.mark.parametrize("chunk_chars", [1 << 20, 7])  # one read per file; many reads, separators across reads
+def test_doc_separator_keeps_every_document_including_the_last(tmp_path, monkeypatch, chunk_chars):
+    monkeypatch.setattr(data.prepare, "CHUNK_CHARS", chunk_chars)
+    first = [f"document {i} of the first file, ünïcode {'x' * i}" for i in range(30)]
+    second = ["the second file's only separator ends its first document", "its last document"]
+    (tmp_path / "a.txt").write_text("\n\n".join(first))  # no separator after the last document
+    (tmp_path / "b.txt").write_text("\n\n".join(second) + "\n\n")  # a separator at the end: no empty document
+    meta = prepare_files([tmp_path / "a.txt", tmp_path / "b.txt"], str(tmp_path / "out"), doc_separator="\n\n",
+                         encoding="bytes", val_fraction=0.3, progress=False)
+    documents = first + second
+    assert all_documents(tmp_path / "out") == Counter(documents)
+    assert meta["train_documents"] + meta["val_documents"] == len(documents)
+    assert meta["train_tokens"] + meta["val_tokens"] == sum(len(d.encode()) + 1 for d in documents)
+    for split in ("train", "val"):
+        assert os.path.getsize(tmp_path / "out" / f"{split}.bin") == 2 * meta[f"{split}_tokens"]
 
 
 def test_dtype_is_uint16_when_the_vocab_fits_else_uint32(tmp_path):
@@ -261,6 +278,7 @@ def test_shakespeare_bpe(tmp_path, gpt2):
     assert all_documents(tmp_path)["All:\nSpeak, speak."] == 20
 
 
+@pytest.mark.slow  # a subprocess encoding the standard library
 def test_python_stdlib_command_line(tmp_path):
     out = tmp_path / "stdlib"
     done = subprocess.run([sys.executable, "data/python_stdlib/prepare.py", f"--out_dir={out}", "--max_tokens=200000",
@@ -297,11 +315,27 @@ def test_fineweb_reads_local_files_and_streams_from_the_hub(tmp_path, monkeypatc
         fineweb_main([f"--out_dir={tmp_path / 'hub'}", "--encoding=bytes"])
 
 
-def test_training_with_document_aligned_windows(tmp_path):
+@pytest.mark.slow  # trains a model
+def test_training_with_document_aligned_windows(tmp_path, monkeypatch):
     rng = np.random.default_rng(0)
     write_corpus(tmp_path / "c", [rng.integers(1, 256, size=rng.integers(5, 80)) for _ in range(60)])
     args = [f"--data_dir='{tmp_path / 'c'}'", f"--out_dir='{tmp_path / 'out'}'", "--doc_aligned_windows", "--max_iters=2",
             "--block_size=16", "--window=4", "--n_layer=1", "--n_head=2", "--n_embd=16", "--eval_iters=1",
             "--tensorboard=False", "--save_checkpoint=False", "--device='cpu'"]
+    inputs = []
+    forward = GPT.forward
+
+    def recording_forward(self, idx, targets=None, **kwargs):
+        inputs.append((self.training, idx.clone()))
+        return forward(self, idx, targets, **kwargs)
+
+    monkeypatch.setattr(GPT, "forward", recording_forward)
     result = train.train(*parse_args(args, train.TrainConfig, GPTConfig))
     assert len(result["losses"]) == 2 and np.isfinite(result["val_loss"])
+    # every window the model saw, in training and in evaluation, opens a document
+    tokens = np.fromfile(tmp_path / "c" / "train.bin", dtype=np.uint16)
+    doc_starts = {0} | {i + 1 for i in np.flatnonzero(tokens == 0)}
+    openings = {tuple(tokens[i:i + 16]) for i in doc_starts if i + 16 <= len(tokens)}
+    assert {training for training, _ in inputs} == {True, False}
+    for _, idx in inputs:
+        assert all(tuple(row) in openings for row in idx.tolist())

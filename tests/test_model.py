@@ -1,7 +1,9 @@
 import pytest
 import torch
 
-from model import GPT, GPTConfig, keys_read, routing_stats
+from kernels.attention import attention
+from model import GPT, GPTConfig, Router
+from routing_stats import global_heads_per_token, keys_read, routing_stats
 
 
 def small_config(**overrides):
@@ -11,7 +13,7 @@ def small_config(**overrides):
 
 def with_router_bias(model, bias):
     for block in model.blocks:
-        torch.nn.init.constant_(block.attn.router.proj.bias, bias)
+        torch.nn.init.constant_(block.attn.router.logits.bias, bias)
     return model
 
 
@@ -37,27 +39,68 @@ def test_router_starts_all_global_and_init_is_configurable():
     assert not any(g.any() for g in out.gates)
 
 
-def test_ste_gradient_reaches_router_and_penalty_is_mean_probability():
+def test_ste_gradient_reaches_router_and_penalty_is_lambda_times_mean_probability():
     torch.manual_seed(0)
     model = GPT(small_config(schedule="RL", router_init_std=0.5))
     x = tokens()
     out = model(x, x, penalty_weight=0.3)
-    expected_penalty = out.probs[0].mean()  # one routed layer
-    torch.testing.assert_close(out.penalty, expected_penalty)
-    torch.testing.assert_close(out.loss, out.lm_loss + 0.3 * expected_penalty)
+    mean_p = out.probs[0].mean()  # one routed layer
+    torch.testing.assert_close(out.mean_p, mean_p)
+    torch.testing.assert_close(out.penalty, 0.3 * mean_p)  # what was added to the loss
+    torch.testing.assert_close(out.loss, out.lm_loss + 0.3 * mean_p)
     out.lm_loss.backward()  # the LM loss alone: the router's gradient can only come through the STE
-    grad = model.blocks[0].attn.router.proj.weight.grad
+    grad = model.blocks[0].attn.router.logits.weight.grad
     assert grad is not None and grad.abs().sum() > 0
 
 
-@pytest.mark.parametrize("mode", ["exact", "sparse"])
-def test_sparse_and_exact_modes_agree_in_forward(mode):
+def test_straight_through_gradient_of_the_gate_is_that_of_p():
+    """d gate / d logit = p (1 - p) > 0: the bias gradient of gate.sum() is the sum of p (1 - p) per head."""
     torch.manual_seed(0)
-    model = GPT(small_config(schedule="R", router_init_std=1.0, routed_mode=mode))
-    ref = GPT(small_config(schedule="R", router_init_std=1.0, attention_backend="reference"))
-    ref.load_state_dict(model.state_dict())
-    x = tokens()
-    torch.testing.assert_close(model(x, x).loss, ref(x, x).loss)
+    router = Router(small_config(router_init_std=1.0))
+    router.reset_parameters()
+    x = torch.randn(2, 40, 32)
+    hard, gate, p = router(x)
+    assert torch.equal(gate.detach(), hard.float())  # the forward value is the hard 0/1 decision
+    gate.sum().backward()
+    expected = (p * (1 - p)).sum(dim=(0, 2)).detach()
+    assert (expected > 0).all()
+    torch.testing.assert_close(router.logits.bias.grad, expected)
+
+
+@pytest.mark.parametrize("mode", ["exact", "sparse"])
+def test_model_outputs_and_gradients_match_the_reference_backend(mode):
+    """The torch backend against explicit masks in the same mode: logits and every parameter's gradient
+    (the router's included, which differs between the modes)."""
+    results = []
+    for backend in ("torch", "reference"):
+        torch.manual_seed(0)
+        model = GPT(small_config(schedule="RL", router_init_std=1.0, n_sink=2, routed_mode=mode,
+                                 attention_backend=backend)).double()
+        x = tokens()
+        out = model(x, x, penalty_weight=0.1)
+        assert 0 < out.gates[0].float().mean() < 1  # a real mix of global and local tokens
+        out.loss.backward()
+        results.append((out.logits.detach(), {n: p.grad for n, p in model.named_parameters()}))
+    (logits, grads), (ref_logits, ref_grads) = results
+    torch.testing.assert_close(logits, ref_logits)
+    for name, grad in ref_grads.items():
+        torch.testing.assert_close(grads[name], grad, msg=lambda m: f"{name}: {m}")
+    assert ref_grads["blocks.0.attn.router.logits.weight"].abs().sum() > 0
+
+
+def test_exact_and_sparse_router_gradients_differ_only_where_the_gate_is_zero():
+    """Sparse mode gives the router no gradient from ungated tokens; on gated tokens the two modes agree."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 30, 8, dtype=torch.float64) for _ in range(3))
+    gate = (torch.rand(1, 2, 30) < 0.4).double()
+    grads = {}
+    for mode in ("exact", "sparse"):
+        g = gate.clone().requires_grad_()
+        attention(q, k, v, kind="routed", window=4, gate=g, mode=mode, backend="torch").sum().backward()
+        grads[mode] = g.grad
+    on = gate.bool()
+    torch.testing.assert_close(grads["sparse"][on], grads["exact"][on])
+    assert (grads["sparse"][~on] == 0).all() and (grads["exact"][~on] != 0).any()
 
 
 def test_threshold_changes_routing_at_inference():
@@ -78,7 +121,7 @@ def test_force_global_overrides_router_but_keeps_its_gradient():
     out = model(x, x, force_global=True)
     assert all(g.all() for g in out.gates)
     out.lm_loss.backward()
-    assert model.blocks[0].attn.router.proj.bias.grad.abs().sum() > 0
+    assert model.blocks[0].attn.router.logits.bias.grad.abs().sum() > 0
 
 
 def test_random_routing_is_content_free_with_rate_q():
@@ -88,7 +131,45 @@ def test_random_routing_is_content_free_with_rate_q():
     x = tokens(B=8)
     stats = routing_stats(model(x, x), model.config)
     assert abs(stats["routed_global_frac"].item() - 0.25) < 0.03
-    assert model(x, x).penalty.item() == 0.0
+    assert model(x, x).penalty.item() == 0.0 and model(x, x).mean_p.item() == 0.0
+
+
+def test_routing_stats_global_fraction_per_layer_and_head():
+    """B=3, H=2, T=40 (H != T): per head, the mean over batch and positions."""
+    torch.manual_seed(0)
+    cfg = small_config(schedule="RL", router_init_std=0.3)
+    model = GPT(cfg)
+    with torch.no_grad():  # head 0 mostly global, head 1 mostly local, neither entirely
+        model.blocks[0].attn.router.logits.bias.copy_(torch.tensor([1.5, -1.5]))
+    x = tokens(B=3, T=40)
+    out = model(x, x)
+    stats = routing_stats(out, cfg)
+    assert stats["global_frac"].shape == (2, 2)
+    torch.testing.assert_close(stats["global_frac"][0], out.gates[0].float().mean(dim=(0, 2)))
+    torch.testing.assert_close(stats["mean_p"][0], out.probs[0].mean(dim=(0, 2)))
+    assert 0.5 < stats["global_frac"][0, 0] < 1 and 0 < stats["global_frac"][0, 1] < 0.5
+    torch.testing.assert_close(stats["routed_global_frac"], out.gates[0].float().mean())
+    assert stats["global_frac"][1].eq(0).all() and stats["mean_p"][1].isnan().all()
+    counts = global_heads_per_token(out)
+    assert counts.shape == (3, 40) and torch.equal(counts, out.gates[0].sum(1))
+
+
+@pytest.mark.parametrize("mode", ["exact", "sparse"])
+@pytest.mark.parametrize("bias", [30.0, -30.0])
+def test_routed_layer_flop_fraction_ideal_and_computed(mode, bias):
+    """All global: ideal 1 (dense); all local: ideal = the local fraction. Computed: exact mode runs local and
+    full for every token; sparse mode local for all and full for the gated ones."""
+    cfg = small_config(schedule="R", n_layer=1, window=8, n_sink=2, routed_mode=mode)
+    model = with_router_bias(GPT(cfg), bias)
+    x = tokens(T=48)
+    stats = routing_stats(model(x, x), cfg)
+    local = (keys_read("local", 48, 8, 2).sum() / keys_read("dense", 48, 8, 2).sum()).float()
+    ideal = torch.tensor(1.0) if bias > 0 else local
+    computed = 1 + local if mode == "exact" or bias > 0 else local
+    torch.testing.assert_close(stats["ideal_flop_frac"], ideal[None])
+    torch.testing.assert_close(stats["computed_flop_frac"], computed[None])
+    forced = routing_stats(model(x, x, force_global=True), cfg)  # forced-global steps run exact mode
+    torch.testing.assert_close(forced["computed_flop_frac"], (1 + local)[None])
 
 
 def test_routing_stats_flop_fraction():
@@ -96,13 +177,15 @@ def test_routing_stats_flop_fraction():
     x = tokens(T=48)
     stats = routing_stats(GPT(cfg)(x, x), cfg)
     local = keys_read("local", 48, 8, 2).sum() / keys_read("dense", 48, 8, 2).sum()
-    torch.testing.assert_close(stats["flop_frac"], torch.stack([local, torch.tensor(1.0)]).float())
+    for key in ("ideal_flop_frac", "computed_flop_frac"):  # fixed layers compute what they ask for
+        torch.testing.assert_close(stats[key], torch.stack([local, torch.tensor(1.0)]).float())
     assert stats["global_frac"][0].eq(0).all() and stats["global_frac"][1].eq(1).all()
     assert torch.isnan(stats["routed_global_frac"])
     # keys read by one local query: the window (cut at the start) plus sinks outside it
     assert keys_read("local", 12, 4, 2).tolist() == [1, 2, 3, 4, 5, 6, 6, 6, 6, 6, 6, 6]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule, n_sink", [("R", 0), ("LR", 2), ("G", 0), ("L", 3)])
 def test_generate_with_and_without_kv_cache_gives_same_tokens(schedule, n_sink):
     torch.manual_seed(0)
@@ -138,13 +221,14 @@ def test_config_rejects_bad_values():
 def test_router_budget_applies_per_layer():
     torch.manual_seed(0)
     model = GPT(small_config(schedule="R", n_layer=2))
-    torch.nn.init.constant_(model.blocks[0].attn.router.proj.bias, -3.0)  # layer 0: p = 0.047
-    torch.nn.init.constant_(model.blocks[1].attn.router.proj.bias, 1.0)   # layer 1: p = 0.731
+    torch.nn.init.constant_(model.blocks[0].attn.router.logits.bias, -3.0)  # layer 0: p = 0.047
+    torch.nn.init.constant_(model.blocks[1].attn.router.logits.bias, 1.0)   # layer 1: p = 0.731
     x = tokens()
     out = model(x, x, penalty_weight=1.0, router_budget=0.1)
     p0, p1 = torch.sigmoid(torch.tensor(-3.0)), torch.sigmoid(torch.tensor(1.0))
-    torch.testing.assert_close(out.penalty, (p0 + p1) / 2)
+    torch.testing.assert_close(out.mean_p, (p0 + p1) / 2)
     # layer 0 is under the budget and costs nothing; a budget on the mean (0.39) would have charged it
+    torch.testing.assert_close(out.penalty, (p1 - 0.1) / 2)
     torch.testing.assert_close(out.loss - out.lm_loss, (p1 - 0.1) / 2)
     out = model(x, x, penalty_weight=1.0, router_budget=0.8)
     torch.testing.assert_close(out.loss, out.lm_loss)

@@ -1,3 +1,4 @@
+import math
 import os
 
 import numpy as np
@@ -12,7 +13,7 @@ from data.prepare import prepare
 from data.synthetic.prepare import SyntheticConfig, generate, parse
 from data.synthetic.tasks import UNKNOWN, Copy, Needle, Recall, needs_global
 from model import GPTConfig
-from sample import load_model
+from checkpoint import load_model
 from train import TrainConfig
 
 U = UNKNOWN
@@ -46,6 +47,22 @@ def test_recall_repeated_queries_by_hand():
     assert needs_global(ex.source, 6).tolist() == [0] * 10
     asked = Recall(n_pairs=2, n_queries=20, repeat_queries=True).example(np.random.default_rng(0), 64).answer
     assert asked.sum() == 20
+
+
+def test_needs_global_exempts_the_sinks_by_hand():
+    # the example of test_recall_labels_by_hand: the answer at 5 (predicted at 4) needs position 3, the answer
+    # at 8 (predicted at 7) needs position 1. A local query also reads the first n_sink positions.
+    source = np.array([-1, -1, -1, -1, -1, 3, -1, -1, 1, -1])
+    assert needs_global(source, 1, n_sink=0).tolist() == [0, 0, 0, 0, 0, 1, 0, 0, 1, 0]
+    assert needs_global(source, 1, n_sink=1).tolist() == [0, 0, 0, 0, 0, 1, 0, 0, 1, 0]  # position 0 is no source
+    assert needs_global(source, 1, n_sink=2).tolist() == [0, 0, 0, 0, 0, 1, 0, 0, 0, 0]  # position 1 is a sink
+    assert needs_global(source, 1, n_sink=3).tolist() == [0, 0, 0, 0, 0, 1, 0, 0, 0, 0]
+    assert needs_global(source, 1, n_sink=4).tolist() == [0] * 10                        # so is position 3
+    assert needs_global(source, 2, n_sink=2).tolist() == [0] * 10
+    assert needs_global(source, 2, n_sink=1).tolist() == [0, 0, 0, 0, 0, 0, 0, 0, 1, 0]
+    # unknown sources stay unknown, whatever the sinks
+    assert needs_global(np.array([U, U, -1, 0, 0]), 1, n_sink=1).tolist() == [255, 255, 0, 0, 0]
+    assert needs_global(np.array([U, U, -1, 0, 0]), 1, n_sink=0).tolist() == [255, 255, 0, 1, 1]
 
 
 def test_copy_labels_by_hand():
@@ -103,7 +120,7 @@ def tiny_recall(out_dir, **overrides):
 
 def test_prepared_task_windows_are_examples_with_masked_loss(tmp_path):
     meta = tiny_recall(tmp_path)
-    assert meta["example_len"] == 33 and meta["vocab_size"] == 20 and meta["window"] == 4
+    assert meta["example_len"] == 33 and meta["vocab_size"] == 20 and meta["window"] == 4 and meta["n_sink"] == 0
     assert set(meta["token_arrays"]) == {"answer", "needs_global", "loss_mask"}
     assert meta["task_tokens"] == {"filler": [0, 4], "keys": [4, 12], "values": [12, 20]}
     for split, n in (("train", 400), ("val", 40)):
@@ -124,6 +141,46 @@ def test_prepared_task_windows_are_examples_with_masked_loss(tmp_path):
     assert not os.path.exists(tmp_path / "train.loss_mask.bin.tmp") and "loss_mask" not in meta["token_arrays"]
     _, y = TokenData(str(tmp_path), 32, 20).train_batch(16, torch.Generator().manual_seed(0))
     assert (y >= 0).all()
+
+
+def recall_sources(tokens, answer, n_pairs):
+    """The source of every answer, from the tokens alone: its query key names a pair (keys are distinct),
+    whose value sits at 2 * pair + 1."""
+    sources = []
+    for example, answers in zip(tokens, answer):
+        keys = example[0:2 * n_pairs:2].tolist()
+        sources.append([(a, 2 * keys.index(example[a - 1]) + 1) for a in np.flatnonzero(answers)])
+    return sources
+
+
+@pytest.mark.parametrize("window,n_sink", [(4, 0), (4, 4), (8, 3), (2, 2)])
+def test_prepared_labels_follow_the_window_and_the_sinks(tmp_path, window, n_sink):
+    meta = tiny_recall(tmp_path, window=window, n_sink=n_sink, n_train=50)
+    assert meta["window"] == window and meta["n_sink"] == n_sink
+    tokens = np.fromfile(tmp_path / "train.bin", np.uint16).reshape(-1, 33)
+    answer = np.fromfile(tmp_path / "train.answer.bin", np.uint8).reshape(-1, 33)
+    labels = np.fromfile(tmp_path / "train.needs_global.bin", np.uint8).reshape(-1, 33)
+    expected = np.zeros_like(labels)
+    for row, pairs in enumerate(recall_sources(tokens, answer, 4)):
+        for a, source in pairs:  # predicted at a - 1, which reads a - window .. a - 1 and 0 .. n_sink - 1
+            expected[row, a] = a - 1 - source >= window and source >= n_sink
+    assert np.array_equal(labels, expected)
+    if n_sink:  # the sinks exempt some answers that the window alone would not
+        plain = np.zeros_like(labels)
+        for row, pairs in enumerate(recall_sources(tokens, answer, 4)):
+            for a, source in pairs:
+                plain[row, a] = a - 1 - source >= window
+        assert (expected < plain).any()
+    assert (expected == 1).any()
+
+
+def test_sinks_from_the_command_line(tmp_path):
+    cfg, _ = parse(["--task=recall", "--window=8", "--n_sink=2", f"--out_dir={tmp_path}"])
+    assert cfg.n_sink == 2 and cfg.window == 8
+    assert parse(["--task=recall"])[0].n_sink == 0
+    for bad in (dict(n_sink=-1), dict(n_sink=5), dict(window=0)):
+        with pytest.raises(ValueError, match="n_sink"):
+            tiny_recall(tmp_path, **bad)
 
 
 def test_mixing_with_text_and_needle_haystack(tmp_path):
@@ -182,17 +239,29 @@ def test_eval_routing_reports_accuracy_precision_and_recall(tmp_path, capsys):
     labels = data.token_array("val", "needs_global", data.val_starts(40))
     for bias, recall in ((30.0, 1.0), (-30.0, 0.0)):  # every token global, then none
         for block in model.blocks:
-            torch.nn.init.constant_(block.attn.router.proj.bias, bias)
+            torch.nn.init.constant_(block.attn.router.logits.bias, bias)
         result = eval_routing.evaluate_routing(model, data, max_examples=40, batch_size=16)
         assert result["examples"] == 40 and result["answers"] == 160
-        assert 0 <= result["accuracy"] <= 1 and result["answers_needs_global"] == (labels == 1).sum()
+        assert result["answers_needs_global"] == (labels == 1).sum()
         x, y = data.batch("val", data.starts["val"][:40].tolist())
         with torch.no_grad():
-            assert result["answer_loss"] == pytest.approx(model(x, y).lm_loss.item(), rel=1e-5)
+            out = model(x, y)
+        assert result["answer_loss"] == pytest.approx(out.lm_loss.item(), rel=1e-5)
+        # accuracy recomputed from the logits: argmax right on the scored targets (the answers), split by label
+        correct, scored, needs = out.logits.argmax(-1) == y, y != -1, labels == 1
+        assert scored.sum() == 160 and (needs <= scored).all()
+        for key, chosen in (("accuracy", scored), ("accuracy_needs_global", needs),
+                            ("accuracy_within_window", scored & ~needs)):
+            assert result[key] == correct[chosen].sum().item() / chosen.sum().item(), key
         for row in result["routing"]:
             assert row["global_frac"] == recall and row["recall"] == recall
         if recall:  # all global: precision is the fraction of tokens that need it
             assert result["routing"][0]["precision"] == pytest.approx((labels == 1).float().mean().item())
+        else:  # nothing routed global: precision is undefined
+            assert all(math.isnan(row["precision"]) for row in result["routing"])
+        # every layer routed: ideal FLOPs 1 when all global; exact mode computes local and full for all
+        local = result["attention_flop_frac_computed"] - 1
+        assert result["attention_flop_frac_ideal"] == pytest.approx(1.0 if recall else local)
     prepare(lambda: iter(["some text"] * 100), str(tmp_path / "text"), encoding="bytes", val_fraction=0.5,
             progress=False)
     with pytest.raises(ValueError, match="no answer/needs_global labels"):

@@ -3,6 +3,8 @@ import pytest
 import torch
 
 from kernels import reference, torch_attention
+from kernels.attention import attention
+from kernels.gates import combine, combine_rows, compact_gates
 
 KINDS = [("local", "exact"), ("routed", "exact"), ("routed", "sparse")]  # (kind, routed mode)
 
@@ -85,8 +87,8 @@ def test_matmul_fallback_matches_reference(monkeypatch, kind, mode, T, window, n
     assert_matches_reference(q, k, v, gate, kind, window, n_sink, mode, atol=1e-10)
 
 
-@pytest.mark.parametrize("key_block", [1, 7, 64, 1000])
-def test_gated_rows_any_key_block(monkeypatch, key_block):
+@pytest.mark.parametrize("key_block", [pytest.param(1, marks=pytest.mark.slow), 7, 64, 1000])
+def test_gated_key_blocks_of_any_size(monkeypatch, key_block):
     """Blocks of one key (every row's last block masked), blocks that some rows read none of, one block."""
     monkeypatch.setattr(torch_attention, "GATED_KEY_BLOCK", key_block)
     q, k, v, gate = make_inputs(T=300, gate_frac=0.2)
@@ -178,15 +180,79 @@ def test_routed_all_gates_one_is_dense_and_zero_is_local(mode, n_sink):
                                reference_out(q, k, v, "local", 8, n_sink), atol=0, rtol=0)
 
 
-def test_gated_rows_positions():
+def test_compact_gates_positions():
     """Each (batch, head)'s gated positions in order, right-aligned, padded at the front with position 0."""
     gated = torch.rand(2, 3, 50, generator=torch.Generator().manual_seed(0)) < 0.3
     gated[0, 1] = False  # a (batch, head) with no gated token
-    pos, valid, _ = torch_attention.gated_rows(gated, 16)
+    pos, valid = compact_gates(gated)
     M = int(gated.sum(-1).max())
+    assert pos.shape == valid.shape == (2, 3, M)
     for b in range(2):
         for h in range(3):
             expected = gated[b, h].nonzero().flatten()
             padding = M - len(expected)
             assert torch.equal(pos[b, h], torch.cat([expected.new_zeros(padding), expected]))
             assert torch.equal(valid[b, h], torch.arange(M) >= padding)
+    pos, valid = compact_gates(torch.zeros(1, 2, 5, dtype=torch.bool))  # nothing gated: one padding row
+    assert pos.shape == (1, 2, 1) and not valid.any()
+
+
+def test_combine_rows_is_combine_on_the_gated_rows():
+    q, k, v, gate = make_inputs(T=30, gate_frac=0.4)
+    local, full = torch.randn(2, 3, 30, 8, dtype=torch.float64), torch.randn(2, 3, 30, 8, dtype=torch.float64)
+    pos, valid = compact_gates(gate.detach() > 0.5)
+    full_rows = full.gather(2, pos.unsqueeze(-1).expand(*pos.shape, 8))
+    out = combine_rows(local, full_rows, gate, pos, valid)[0]
+    torch.testing.assert_close(out, combine(local, full, gate, only_gated=True))
+    torch.testing.assert_close(out, combine(local, full, gate))  # the same forward values
+
+
+BACKENDS = ["reference", "torch", "triton"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(kind="local", window=None), "window=None"),
+    (dict(kind="local", window=0), "window=0"),
+    (dict(kind="routed", window=4, n_sink=-1), "n_sink=-1"),
+    (dict(kind="local", window=4, n_sink=5), "n_sink=5 must be an integer between 0 and window=4"),
+    (dict(kind="routed", window=4), "needs a gate"),
+    (dict(kind="local", window=4, T=0), "empty sequence"),
+    (dict(kind="local", window=4, kv_heads=1), "grouped-query"),
+    (dict(kind="dense", kv_heads=1), "grouped-query"),
+    (dict(kind="sliding", window=4), "unknown attention kind"),
+])
+def test_bad_arguments_get_the_same_clear_error_on_every_backend(backend, kwargs, message):
+    kwargs = dict(kwargs)
+    T, kv_heads = kwargs.pop("T", 8), kwargs.pop("kv_heads", 2)
+    q = torch.randn(1, 2, T, 16)
+    k = v = torch.randn(1, kv_heads, T, 16)
+    with pytest.raises(ValueError, match=message):
+        attention(q, k, v, backend=backend, **kwargs)
+
+
+@pytest.mark.parametrize("kind,mode", KINDS)
+def test_strided_inputs_that_need_no_padding(kind, mode):
+    """(B, T, H, D) storage seen as (B, H, T, D), T a multiple of the local chunk: no copy made by padding."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 8, 2, 16, generator=g, dtype=torch.float64).transpose(1, 2) for _ in range(3))
+    gate = (torch.rand(2, 2, 8, generator=g) < 0.5).double()
+    got = attention(q, k, v, kind=kind, window=4, gate=gate, mode=mode, backend="torch")
+    want = attention(q, k, v, kind=kind, window=4, gate=gate, mode=mode, backend="reference")
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("kind,mode", KINDS)
+def test_matmul_fallback_in_bfloat16_computes_softmax_in_float32(monkeypatch, kind, mode):
+    """The plain-matmul path in bf16 against the fp64 reference of the same (rounded) inputs, with the
+    tolerance of the fused CPU path."""
+    q, k, v, gate = make_inputs(T=200, D=16, dtype=torch.bfloat16, seed=3)
+    fused = outputs_and_grads(efficient, q, k, v, gate, kind, 32, 2, mode)
+    monkeypatch.setattr(torch_attention, "_cpu_kernel", lambda x: False)
+    plain = outputs_and_grads(efficient, q, k, v, gate, kind, 32, 2, mode)
+    wide = [x.detach().double().requires_grad_() for x in (q, k, v, gate)]
+    want = outputs_and_grads(reference.reference_attention, *wide, kind, 32, 2, mode)
+    for name, f, p, w in zip(("out", "dq", "dk", "dv", "dgate"), fused, plain, want):
+        fused_err = (f.double() - w).abs().max().item()
+        plain_err = (p.double() - w).abs().max().item()
+        assert plain_err <= max(2 * fused_err, 1e-2), f"{name}: plain {plain_err:.2e}, fused {fused_err:.2e}"

@@ -1,4 +1,5 @@
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -6,10 +7,12 @@ import sys
 import pytest
 import torch
 
+import checkpoint
 import train
 from configurator import ConfigError, parse_args
-from model import GPTConfig
-from train import TrainConfig
+from model import GPT, GPTConfig
+from routing_stats import warn_collapse
+from train import TrainConfig, lr_at
 
 
 def configs(tmp_path, corpus, **overrides):
@@ -21,13 +24,58 @@ def configs(tmp_path, corpus, **overrides):
                       TrainConfig, GPTConfig)
 
 
-def test_short_training_lowers_the_loss(tmp_path, tiny_corpus):
-    result = train.train(*configs(tmp_path, tiny_corpus, p_dense=0.2))
+@pytest.mark.slow
+def test_short_training_lowers_the_loss_at_the_scheduled_learning_rate(tmp_path, tiny_corpus, capsys, monkeypatch):
+    stepped_at = []  # the learning rate of every optimizer step, in every parameter group
+    step = torch.optim.AdamW.step
+
+    def recording_step(self, *args, **kwargs):
+        stepped_at.append([group["lr"] for group in self.param_groups])
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", recording_step)
+    tcfg, mcfg = configs(tmp_path, tiny_corpus, p_dense=0.2, log_interval=1)
+    result = train.train(tcfg, mcfg)
     losses = result["losses"]
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.5
     assert result["val_loss"] < losses[0]
+    assert stepped_at == [pytest.approx([lr_at(it, tcfg)] * 2) for it in range(tcfg.max_iters)]
+    logged = re.findall(r"^iter (\d+): .* lr ([0-9.e+-]+) \|", capsys.readouterr().out, re.M)
+    assert len(logged) == tcfg.max_iters
+    for it, lr in logged:  # the log shows the rate of the step it reports, to 3 digits
+        assert float(lr) == pytest.approx(lr_at(int(it) - 1, tcfg), rel=5e-3)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("p_dense", [0.0, 0.5, 1.0])
+def test_forced_global_steps_happen_at_rate_p_dense(tmp_path, tiny_corpus, capsys, p_dense):
+    train.train(*configs(tmp_path, tiny_corpus, max_iters=30, log_interval=1, eval_interval=100, p_dense=p_dense))
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("iter ")]
+    forced = sum("[forced global]" in line for line in lines)
+    assert len(lines) == 30
+    if p_dense in (0.0, 1.0):
+        assert forced == 30 * p_dense
+    else:
+        assert 5 <= forced <= 25
+
+
+def test_training_passes_lambda_and_budget_to_the_loss(tmp_path, tiny_corpus, monkeypatch):
+    calls = []
+    forward = GPT.forward
+
+    def recording_forward(self, idx, targets=None, **kwargs):
+        if self.training:
+            calls.append(kwargs)
+        return forward(self, idx, targets, **kwargs)
+
+    monkeypatch.setattr(GPT, "forward", recording_forward)
+    train.train(*configs(tmp_path, tiny_corpus, max_iters=4, router_lambda=0.5, router_lambda_ramp=2,
+                         router_budget=0.25, eval_interval=100))
+    assert [c["router_budget"] for c in calls] == [0.25] * 4
+    assert [c["penalty_weight"] for c in calls] == [0.25, 0.5, 0.5, 0.5]
+
+
+@pytest.mark.slow
 def test_resume_continues_with_identical_losses(tmp_path, tiny_corpus):
     common = {"lr_decay_iters": 12, "eval_interval": 100, "p_dense": 0.3, "routing": "random", "dropout": 0.1}
     straight = train.train(*configs(tmp_path / "a", tiny_corpus, max_iters=12, **common))["losses"]
@@ -36,12 +84,14 @@ def test_resume_continues_with_identical_losses(tmp_path, tiny_corpus):
     assert resumed == straight[6:]
 
 
+@pytest.mark.slow
 def test_resume_refuses_another_model_shape(tmp_path, tiny_corpus):
     train.train(*configs(tmp_path, tiny_corpus, max_iters=2))
     with pytest.raises(ValueError, match="model config differs"):
         train.train(*configs(tmp_path, tiny_corpus, max_iters=4, init_from="resume", n_embd=64))
 
 
+@pytest.mark.slow
 def test_finetune_dense_checkpoint_into_routed_model(tmp_path, tiny_corpus):
     train.train(*configs(tmp_path / "dense", tiny_corpus, max_iters=2, schedule="G"))
     result = train.train(*configs(tmp_path / "routed", tiny_corpus, max_iters=0, schedule="R",
@@ -52,6 +102,7 @@ def test_finetune_dense_checkpoint_into_routed_model(tmp_path, tiny_corpus):
                              init_from=str(tmp_path / "dense" / "out")))
 
 
+@pytest.mark.slow
 def test_router_only_finetune_leaves_the_rest_frozen(tmp_path, tiny_corpus):
     train.train(*configs(tmp_path / "dense", tiny_corpus, max_iters=2, schedule="G"))
     dense = torch.load(tmp_path / "dense" / "out" / "ckpt.pt", weights_only=False)["model"]
@@ -67,7 +118,7 @@ def test_router_only_finetune_leaves_the_rest_frozen(tmp_path, tiny_corpus):
 
 def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
     path = str(tmp_path / "ckpt.pt")
-    train.save_checkpoint(path, {"iter_num": 1})
+    checkpoint.save_checkpoint(path, {"iter_num": 1})
 
     def crash(obj, f, *args, **kwargs):
         with open(f, "wb") as handle:
@@ -76,15 +127,15 @@ def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
 
     monkeypatch.setattr(torch, "save", crash)
     with pytest.raises(KeyboardInterrupt):
-        train.save_checkpoint(path, {"iter_num": 2})
-    assert train.load_checkpoint(path, "cpu")["iter_num"] == 1
+        checkpoint.save_checkpoint(path, {"iter_num": 2})
+    assert checkpoint.load_checkpoint(path, "cpu")["iter_num"] == 1
     assert os.listdir(tmp_path) == ["ckpt.pt"]
 
 
 def test_corrupt_checkpoint_and_missing_data_give_clear_errors(tmp_path, tiny_corpus):
     (tmp_path / "ckpt.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(ValueError, match="corrupt"):
-        train.load_checkpoint(str(tmp_path), "cpu")
+        checkpoint.load_checkpoint(str(tmp_path), "cpu")
     with pytest.raises(FileNotFoundError, match="prepare"):
         train.train(*configs(tmp_path, tmp_path / "nowhere"))
     with pytest.raises(ValueError, match="vocab_size"):
@@ -108,16 +159,40 @@ def test_config_errors_name_the_key(tmp_path):
     assert mcfg.schedule == "LG" and mcfg.window == 32 and tcfg.progress_bar is True
 
 
-def test_every_config_file_parses():
+def test_every_config_file_runs_alone_or_names_the_file_to_put_first():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     names = sorted(os.listdir(os.path.join(root, "configs")))
     assert "recall_finetune.py" in names
-    for name in names:  # recall_*.py are overlays on recall.py
-        files = ["configs/recall.py"] * name.startswith("recall_") + [f"configs/{name}"]
-        tcfg, mcfg = parse_args([os.path.join(root, f) for f in files], TrainConfig, GPTConfig)
+    overlays = 0
+    for name in names:
+        path = os.path.join(root, "configs", name)
+        try:
+            tcfg, mcfg = parse_args([path], TrainConfig, GPTConfig)
+        except ConfigError as e:
+            base = re.search(r"is an overlay on (\S+): put that file first", str(e))
+            assert base, f"{name}: {e}"
+            tcfg, mcfg = parse_args([os.path.join(root, base.group(1)), path], TrainConfig, GPTConfig)
+            overlays += 1
         assert tcfg.max_iters > 0 and mcfg.window <= mcfg.block_size
+    assert overlays >= 3  # recall_local, recall_routed, recall_finetune
+    tcfg, mcfg = parse_args([os.path.join(root, "configs", f) for f in ("recall.py", "recall_routed.py")],
+                            TrainConfig, GPTConfig)
+    assert tcfg.dataset == "recall" and mcfg.schedule == "R" and tcfg.p_dense == 0.1
 
 
+def test_learning_rate_warms_up_then_decays_between_its_bounds():
+    tcfg, _ = parse_args(["--learning_rate=1e-3", "--min_lr=1e-4", "--warmup_iters=10", "--max_iters=100"],
+                         TrainConfig, GPTConfig)
+    lrs = [lr_at(it, tcfg) for it in range(120)]
+    assert lrs[0] == pytest.approx(1e-4) and lrs[9] == pytest.approx(1e-3)  # linear warm-up to the peak ...
+    assert all(a < b for a, b in zip(lrs[:10], lrs[1:10]))
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))  # ... then it only decays
+    assert lrs[55] == pytest.approx(5.5e-4)  # half way through the cosine: the mean of the bounds
+    assert max(lrs) <= 1e-3 + 1e-12 and min(lrs) >= 1e-4 - 1e-12
+    assert lrs[100] == lrs[119] == pytest.approx(1e-4)
+
+
+@pytest.mark.slow
 def test_train_and_sample_command_lines(tmp_path, tiny_corpus):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = tmp_path / "out"
@@ -135,6 +210,7 @@ def test_train_and_sample_command_lines(tmp_path, tiny_corpus):
     assert bad.returncode != 0 and "did you mean max_iters" in bad.stderr
 
 
+@pytest.mark.slow
 def test_ddp_two_processes_on_cpu(tmp_path, tiny_corpus):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with socket.socket() as s:  # a free loopback port for the rendezvous, on the loopback interface only
@@ -149,12 +225,12 @@ def test_ddp_two_processes_on_cpu(tmp_path, tiny_corpus):
                             env={**os.environ, "GLOO_SOCKET_IFNAME": "lo"})
     assert result.returncode == 0, result.stdout[-1000:] + result.stderr[-3000:]
     assert "2 process(es)" in result.stdout and "iter 2: loss" in result.stdout
-    assert train.load_checkpoint(str(tmp_path), "cpu")["iter_num"] == 2
+    assert checkpoint.load_checkpoint(str(tmp_path), "cpu")["iter_num"] == 2
 
 
 def test_collapse_is_reported(capsys):
     kinds = ["routed", "routed", "local"]
     stats = {"global_frac": torch.tensor([[0.0, 0.001], [0.3, 0.2], [0.0, 0.0]]),
              "mean_p": torch.tensor([[0.01, 0.02], [0.4, 0.3], [float("nan")] * 2])}
-    assert train.warn_collapse(stats, kinds, 0.005, step=250) == [0]
+    assert warn_collapse(stats, kinds, 0.005, step=250) == [0]
     assert "router collapse in layer(s) 0 (0.05% global" in capsys.readouterr().out

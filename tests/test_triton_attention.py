@@ -2,25 +2,26 @@
 
 Without CUDA the kernels run in Triton's interpreter on the CPU, which is slow, so shapes are small; the
 interpreter uses 16-wide tiles (kernels/triton_common.py) so these shapes still span many tiles. The
-interpreter computes tl.dot wrongly on bf16 operands, so bf16 runs only on a GPU. Inputs are random on every
-run; the seed is in each failure message.
+interpreter computes tl.dot wrongly on bf16 operands, so bf16 runs only on a GPU (tests/conftest.py switches
+to the interpreter when there is no CUDA). Inputs are random, seeded from the test's id: a failure repeats, and
+its message names the seed.
 """
-import os
-import sys
-import time
+import zlib
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    # triton.jit picks the interpreter when a kernel is defined, so this must come before the kernels' import
-    assert "kernels.triton_common" not in sys.modules, "Triton kernels were imported before TRITON_INTERPRET=1"
-    os.environ["TRITON_INTERPRET"] = "1"
-
-from kernels import attention, reference, triton_attention, triton_common  # noqa: E402
-from kernels.attention import resolve_backend  # noqa: E402
+from kernels import reference, triton_attention, triton_common, triton_global, triton_local
+from kernels.attention import attention, resolve_backend
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# Tests of seconds each in the interpreter (milliseconds on a GPU) leave the fast loop (-m "not slow") on the CPU
+SLOW = [pytest.mark.slow] if DEVICE == "cpu" else []
+
+
+def slow_in_interpreter(test):
+    return pytest.mark.slow(test) if DEVICE == "cpu" else test
+
 TOLERANCE = {torch.float32: 2e-4, torch.float16: 1e-2, torch.bfloat16: 6e-2}
 DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.float16, id="fp16"),
           pytest.param(torch.bfloat16, id="bf16", marks=pytest.mark.skipif(
@@ -33,9 +34,32 @@ def poisoned_buffers(monkeypatch):
     monkeypatch.setattr(triton_common, "poison_buffers", True)
 
 
+def seed_of(nodeid):
+    return zlib.crc32(nodeid.encode())
+
+
 @pytest.fixture
-def rng():
-    return torch.Generator().manual_seed(time.time_ns() % 2**31)
+def rng(request):
+    """A generator seeded from the test's id (parameters included): the same inputs on every run."""
+    return torch.Generator().manual_seed(seed_of(request.node.nodeid))
+
+
+def test_seeds_repeat_and_differ_between_tests(rng, request):
+    assert rng.initial_seed() == seed_of(request.node.nodeid)
+    assert seed_of("tests/test_triton_attention.py::test_local_fp32[a]") != seed_of(
+        "tests/test_triton_attention.py::test_local_fp32[b]")
+
+
+def test_kernels_run_in_the_interpreter_exactly_without_cuda():
+    """tests/conftest.py sets TRITON_INTERPRET=1 without CUDA before the kernels are defined: set later, the
+    kernels would be compiled ones whatever the variable says."""
+    from triton.runtime.interpreter import InterpretedFunction
+    kernels = [getattr(module, name) for module in (triton_local, triton_global, triton_common)
+               for name in dir(module) if name.endswith("_kernel")]
+    assert len(kernels) >= 3
+    interpreted = triton_common.interpreting()
+    assert interpreted or DEVICE == "cuda", "without CUDA, tests/conftest.py must set TRITON_INTERPRET=1"
+    assert [k for k in kernels if isinstance(k, InterpretedFunction) != interpreted] == []
 
 
 def make_inputs(rng, B, H, T, D, dtype, global_fraction=0.3, transposed=False):
@@ -107,6 +131,7 @@ def test_local_fp32(rng, B, H, T, D, window, n_sink):
     assert_matches_reference(rng, q, k, v, gate, grad_out, "local", window, n_sink)
 
 
+@slow_in_interpreter
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_local_low_precision_and_strided(rng, dtype):
     q, k, v, gate, grad_out = make_inputs(rng, 2, 2, 53, 32, dtype, transposed=True)
@@ -122,9 +147,9 @@ def gate_pattern(gate, pattern):
 
 
 ROUTED_CASES = [  # B, H, T, D, window, n_sink, gate pattern
-    (2, 2, 3 * TILE + 11, 16, TILE - 4, 0, "random"),
+    pytest.param(2, 2, 3 * TILE + 11, 16, TILE - 4, 0, "random", marks=SLOW),
     (1, 2, 40, 32, 4 * TILE, 2, "random"),        # T < window
-    (1, 2, 4 * TILE + 3, 64, TILE + 2, 3, "random"),  # about 1.2 tiles of compacted global queries per head
+    pytest.param(1, 2, 4 * TILE + 3, 64, TILE + 2, 3, "random", marks=SLOW),  # ~1.2 compacted global tiles per head
     (1, 2, 2 * TILE + 3, 128, TILE, 0, "random"),
     (2, 1, 45, 32, 10, 2, "all_global"),
     (1, 2, 45, 32, 10, 2, "all_local"),
@@ -139,6 +164,7 @@ def test_routed_fp32(rng, mode, B, H, T, D, window, n_sink, pattern):
     assert_matches_reference(rng, q, k, v, gate, grad_out, "routed", window, n_sink, mode)
 
 
+@slow_in_interpreter
 @pytest.mark.parametrize("mode", ["sparse", "exact"])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_routed_low_precision_and_strided(rng, mode, dtype):
@@ -187,6 +213,7 @@ def poisoned(x, rows):
     return x
 
 
+@slow_in_interpreter
 @NAN_INPUTS
 def test_local_reads_only_its_window_and_sinks(rng):
     """Work bounded by the window: NaN outside a tile's reach must not leak into that tile's results."""
@@ -212,6 +239,7 @@ def test_local_reads_only_its_window_and_sinks(rng):
     torch.testing.assert_close(dv[:, :, tile_1], want[3][:, :, tile_1], atol=2e-4, rtol=2e-4)
 
 
+@slow_in_interpreter
 @NAN_INPUTS
 def test_sparse_global_skips_unreachable_tiles(rng):
     """Compacted global queries: a tile reads keys only up to its largest true position, and a key tile's
@@ -241,6 +269,7 @@ def test_sparse_global_skips_unreachable_tiles(rng):
     torch.testing.assert_close(dv[:, :, tile_3], want[3][:, :, tile_3], atol=2e-4, rtol=2e-4)
 
 
+@slow_in_interpreter
 @pytest.mark.parametrize("mode", ["exact", "sparse"])
 def test_training_path_matches_torch_backend(mode):
     """A tiny model's loss and every parameter gradient agree between the triton and torch backends."""

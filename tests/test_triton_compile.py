@@ -1,8 +1,8 @@
 """The Triton kernels compile for the H100/H200 (sm_90) without a GPU, with the launch configuration the GPU
 path uses, and fit it: shared memory under the per-block limit and, in bf16 (the training dtype on CUDA), no
 register spills and tensor cores (wgmma) for every matmul. The interpreter tests cannot see any of this. The
-compiler runs in a subprocess (bench/compile_kernels.py) because test_triton_attention.py switches this process
-to the interpreter.
+compiler runs in a subprocess (bench/compile_kernels.py) without TRITON_INTERPRET, because tests/conftest.py
+switches this process to the interpreter when there is no CUDA.
 """
 import glob
 import json
@@ -16,6 +16,7 @@ import pytest
 from kernels.attention import TRITON_HEAD_DIMS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.slow  # compiles every kernel for every head dim: seconds even with a warm Triton cache
 
 
 @pytest.fixture(scope="module")

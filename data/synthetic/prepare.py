@@ -1,6 +1,7 @@
 """Write a synthetic long-range task (data/synthetic/tasks.py) as token files that train.py reads directly.
 
     python data/synthetic/prepare.py --task=recall --block_size=512 --window=32 --n_pairs=4 --n_queries=4 --out_dir=data/recall
+    python data/synthetic/prepare.py --task=recall --window=32 --n_sink=4   # labels for a model with 4 sinks
     python data/synthetic/prepare.py --task=copy --block_size=256 --span_len=8 --min_distance=64
     python data/shakespeare_char/prepare.py && python data/synthetic/prepare.py --task=needle \\
         --text_dir=data/shakespeare_char --block_size=512 --value_len=3
@@ -11,7 +12,8 @@ file of plain Python assignments). Output, in out_dir: train.bin and val.bin hol
 tokens back to back (meta.json 'example_len'), so a training window is exactly one example; beside each, uint8
 arrays with one entry per token, described in meta.json 'token_arrays':
   <split>.answer.bin        1 where the token is an answer the task scores
-  <split>.needs_global.bin  1 where predicting the token needs context beyond `window` tokens, 0 where not,
+  <split>.needs_global.bin  1 where predicting the token needs context beyond `window` tokens that is not one
+                            of the first `n_sink` tokens (the sinks a local query also reads), 0 where not,
                             255 where unknown (real text)
   <split>.loss_mask.bin     1 where the token carries loss (loss_on='answers': answers and mixed-in text only)
 With text_dir, a fraction text_ratio of the examples are plain windows of that corpus (the same split), and the
@@ -33,8 +35,8 @@ from data.tokens import TokenWriter, read_meta, token_dtype, token_path, write_m
 
 ARRAYS = {
     "answer": "1 where the token is an answer the task scores",
-    "needs_global": "1 where predicting the token needs context beyond `window` tokens back, 0 where it does not, "
-                    "255 where unknown (real text)",
+    "needs_global": "1 where predicting the token needs context beyond `window` tokens back that is not one of "
+                    "the first `n_sink` tokens of the example, 0 where it does not, 255 where unknown (real text)",
     "loss_mask": "1 where the token carries loss, 0 where the loader sets its target to -1",
 }
 
@@ -44,7 +46,8 @@ class SyntheticConfig:
     task: str = "recall"      # 'recall' (multi-query associative recall), 'copy', 'needle'
     out_dir: str = ""         # default: data/<task>
     block_size: int = 256     # examples are block_size + 1 tokens
-    window: int = 32          # the needs_global labels are for this window
+    window: int = 32          # the needs_global labels are for this window ...
+    n_sink: int = 0           # ... and this many attention sinks (the first positions, which local queries read)
     n_train: int = 20000      # examples
     n_val: int = 500
     seed: int = 0
@@ -89,7 +92,8 @@ def write_split(cfg, task, split, n_examples, offset, dtype):
                 example_tokens, answer, source = task.example(rng, length, offset, text(rng) if text else None)
                 loss_mask = answer
             tokens.write(example_tokens)
-            values = {"answer": answer, "needs_global": needs_global(source, cfg.window), "loss_mask": loss_mask}
+            labels = needs_global(source, cfg.window, cfg.n_sink)
+            values = {"answer": answer, "needs_global": labels, "loss_mask": loss_mask}
             for name, writer in writers.items():
                 writer.write(values[name])
     return n_text
@@ -100,6 +104,9 @@ def generate(cfg, task):
     if cfg.task not in TASKS or not isinstance(task, TASKS[cfg.task]):
         raise ValueError(f"task={cfg.task!r}: choose one of {', '.join(TASKS)}")
     task.validate()
+    if cfg.window < 1 or not 0 <= cfg.n_sink <= cfg.window:
+        raise ValueError(f"need window >= 1 (window={cfg.window}) and 0 <= n_sink <= window (n_sink={cfg.n_sink}), "
+                         f"as a model's local attention does")
     if cfg.loss_on not in ("answers", "all"):
         raise ValueError(f"loss_on={cfg.loss_on!r}: use 'answers' or 'all'")
     if not 0 <= cfg.text_ratio < 1 or (cfg.text_ratio and not cfg.text_dir):
@@ -116,7 +123,8 @@ def generate(cfg, task):
         os.remove(os.path.join(cfg.out_dir, "meta.json"))
     meta = {"encoding": text_meta.get("encoding", "synthetic"), "vocab_size": vocab_size,
             "dtype": np.dtype(dtype).name, "eot_token": text_meta.get("eot_token"), "example_len": cfg.block_size + 1,
-            "task": cfg.task, "task_config": asdict(task), "window": cfg.window, "loss_on": cfg.loss_on,
+            "task": cfg.task, "task_config": asdict(task), "window": cfg.window, "n_sink": cfg.n_sink,
+            "loss_on": cfg.loss_on,
             "task_tokens": {name: [offset + a, offset + b] for name, (a, b) in task.token_ranges().items()},
             "text_dir": cfg.text_dir, "text_ratio": cfg.text_ratio, "seed": cfg.seed,
             "token_arrays": {name: ARRAYS[name] for name in array_names(cfg)}}
@@ -155,4 +163,4 @@ if __name__ == "__main__":
         sys.exit(f"error: {e}")
     print(f"wrote {result['train_examples']:,} train and {result['val_examples']:,} val examples of "
           f"{result['example_len']} tokens ({config.task}, vocab {result['vocab_size']}, labels for window "
-          f"{config.window}) to {config.out_dir}")
+          f"{config.window}, {config.n_sink} sinks) to {config.out_dir}")

@@ -5,10 +5,11 @@ Each task makes examples of seq_len tokens (an Example) with, per token i, descr
 - answer: 1 where token i is an answer the task scores;
 - source: the position of the token that this prediction needs, -1 where it needs none (the token is random,
   or follows from the last few tokens), UNKNOWN where nobody knows (real text).
-needs_global(source, window) turns sources into the label "needs context beyond the window": a local query at
-position i - 1 reads positions i - window .. i - 1, so the prediction needs global attention iff
-(i - 1) - source >= window. The label is about one layer's window: a stack of local layers can relay
-information further, a little at a time, which recall tasks make hard in practice.
+needs_global(source, window, n_sink) turns sources into the label "needs context beyond the window": a local
+query at position i - 1 reads positions i - window .. i - 1 and the first n_sink positions (attention sinks), so
+the prediction needs global attention iff (i - 1) - source >= window and source >= n_sink. The label is about
+one layer's window: a stack of local layers can relay information further, a little at a time, which recall
+tasks make hard in practice.
 
 Task tokens have ids offset + 0 .. vocab_size - 1 (offset: the text vocabulary when real text is involved, so
 task tokens never collide with text tokens).
@@ -28,11 +29,13 @@ class Example(NamedTuple):
     source: np.ndarray  # (seq_len,) int64
 
 
-def needs_global(source, window):
-    """uint8 labels: 1 where the prediction of token i needs a token outside the window of position i - 1,
-    0 where it does not, UNKNOWN_LABEL where that is not known."""
+def needs_global(source, window, n_sink=0):
+    """uint8 labels: 1 where the prediction of token i needs a token that a local query at position i - 1 does
+    not read (outside its window and not one of the first n_sink positions), 0 where it does not,
+    UNKNOWN_LABEL where that is not known."""
+    source = np.asarray(source)
     i = np.arange(len(source))
-    labels = ((source >= 0) & (i - 1 - source >= window)).astype(np.uint8)
+    labels = ((source >= n_sink) & (i - 1 - source >= window)).astype(np.uint8)
     labels[source == UNKNOWN] = UNKNOWN_LABEL
     return labels
 

@@ -1,0 +1,78 @@
+"""Checkpoints: written atomically, read with clear errors, loaded into a model with a shape check, and a model
+built from one. train.py, sample.py and eval_routing.py all go through here.
+
+A checkpoint is a dict: model (state dict), optimizer, model_config, train_config, iter_num, best_val_loss,
+data_meta (the corpus' meta.json) and rng (every RNG state, for exact resume).
+"""
+import os
+
+import torch
+
+from model import GPT, GPTConfig
+
+# state-dict keys renamed since checkpoints were first written: old name -> new name
+RENAMED_KEYS = {".router.proj.": ".router.logits."}
+
+
+def checkpoint_path(path):
+    """A run's folder or a checkpoint file -> the file."""
+    return os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path
+
+
+def save_checkpoint(path, state):
+    """Write to a temporary file, then rename: a crash mid-save leaves the previous checkpoint intact."""
+    tmp = path + ".tmp"
+    try:
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def load_checkpoint(path, device):
+    path = checkpoint_path(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no checkpoint at {path}: train one first (python train.py configs/NAME.py)")
+    try:
+        return torch.load(path, map_location=device, weights_only=False)
+    except Exception as e:
+        raise ValueError(f"checkpoint {path} cannot be read ({e}); it is corrupt or not a nanoAHA checkpoint") from None
+
+
+def _renamed(state_dict):
+    out = {}
+    for key, value in state_dict.items():
+        for old, new in RENAMED_KEYS.items():
+            key = key.replace(old, new)
+        out[key] = value
+    return out
+
+
+def load_model_state(model, state_dict, source, allow_new_routers=False):
+    """Load weights, failing with a clear message when the shapes belong to another model.
+    allow_new_routers: a dense or local checkpoint fine-tuned into a routed model; its routers start fresh."""
+    state_dict, own = _renamed(state_dict), model.state_dict()
+    for key, value in state_dict.items():
+        if key in own and own[key].shape != value.shape:
+            raise ValueError(f"checkpoint {source} has {key} of shape {tuple(value.shape)}, this model "
+                             f"{tuple(own[key].shape)}: the checkpoint is from another model shape")
+    missing, unexpected = model.load_state_dict(state_dict, strict=False)
+    if allow_new_routers:
+        missing = [k for k in missing if ".router." not in k]
+        unexpected = [k for k in unexpected if ".router." not in k]
+    if missing or unexpected:
+        raise ValueError(f"checkpoint {source} does not match this model: missing {missing[:4]}, "
+                         f"unexpected {unexpected[:4]}")
+
+
+def load_model(path, device, router_threshold=None):
+    """The model a checkpoint holds, in eval mode on `device`, and the checkpoint's data meta.
+    router_threshold overrides the trained threshold (a speed/quality trade-off at inference)."""
+    ckpt = load_checkpoint(path, device)
+    config = GPTConfig(**ckpt["model_config"])
+    if router_threshold is not None:
+        config.router_threshold = router_threshold
+    model = GPT(config)
+    load_model_state(model, ckpt["model"], checkpoint_path(path))
+    return model.to(device).eval(), ckpt["data_meta"]

@@ -1,0 +1,138 @@
+"""Routing statistics: every number about where routing went and what attention cost, in one place.
+
+train.py logs them (console and TensorBoard), eval_routing.py reports them, sample.py colours tokens by them.
+
+Attention cost is counted in keys read per query (query-key pairs), relative to dense causal attention:
+- ideal: what the gates ask for: a global token reads keys 0 .. t, a local one its window and sinks;
+- computed: what the mode computes: 'exact' runs local and full attention for every routed token, 'sparse'
+  local for every token plus full for the gated ones (forced-global steps run 'exact'). Tile padding inside
+  a kernel is not counted.
+"""
+import math
+
+import torch
+from tqdm import tqdm
+
+from data.synthetic.tasks import UNKNOWN_LABEL
+
+
+def keys_read(kind, T, window, n_sink, device=None):
+    """Keys each query position reads: (T,) for 'dense' and 'local' kinds."""
+    t = torch.arange(T, device=device)
+    if kind == "dense":
+        return t + 1
+    return torch.clamp(t + 1, max=window) + torch.clamp(t + 1 - window, min=0).clamp(max=n_sink)
+
+
+@torch.no_grad()
+def routing_stats(output, config):
+    """Routing statistics of one forward pass (a model.GPTOutput).
+
+    Per layer and head (n_layer, H): 'global_frac', the fraction of tokens whose head attended globally (1 for
+    dense layers, 0 for local); 'mean_p', the mean router probability (nan without a learned router). Per
+    layer (n_layer,): 'ideal_flop_frac' and 'computed_flop_frac', attention FLOPs relative to dense causal
+    attention (see the module docstring). Scalars: 'routed_global_frac' (global decisions / all decisions over
+    the routed layers, nan if there are none), 'model_ideal_flop_frac' and 'model_computed_flop_frac' (the
+    whole model's attention FLOPs relative to an all-dense model)."""
+    T, H, device = output.seq_len, config.n_head, output.logits.device
+    dense_keys = keys_read("dense", T, config.window, config.n_sink, device).float()
+    local_keys = keys_read("local", T, config.window, config.n_sink, device).float()
+    global_frac, mean_p, ideal, computed = [], [], [], []
+    for kind, hard, p in zip(config.kinds, output.gates, output.probs):
+        if kind == "routed":
+            g = hard.float()  # (B, H, T)
+            frac = g.mean(dim=(0, 2))
+            ideal_keys = (g * dense_keys + (1 - g) * local_keys).mean(dim=(0, 1)).sum()
+            full_keys = dense_keys if output.routed_mode == "exact" else g.mean(dim=(0, 1)) * dense_keys
+            computed_keys = (local_keys + full_keys).sum()
+        else:
+            frac = torch.full((H,), 1.0 if kind == "dense" else 0.0, device=device)
+            ideal_keys = computed_keys = (dense_keys if kind == "dense" else local_keys).sum()
+        global_frac.append(frac)
+        mean_p.append(p.float().mean(dim=(0, 2)) if p is not None else torch.full((H,), math.nan, device=device))
+        ideal.append(ideal_keys / dense_keys.sum())
+        computed.append(computed_keys / dense_keys.sum())
+    global_frac, mean_p = torch.stack(global_frac), torch.stack(mean_p)
+    ideal, computed = torch.stack(ideal), torch.stack(computed)
+    routed = torch.tensor([k == "routed" for k in config.kinds], device=device)
+    return {
+        "global_frac": global_frac,
+        "mean_p": mean_p,
+        "ideal_flop_frac": ideal,
+        "computed_flop_frac": computed,
+        "routed_global_frac": global_frac[routed].mean() if routed.any() else torch.tensor(math.nan),
+        "model_ideal_flop_frac": ideal.mean(),
+        "model_computed_flop_frac": computed.mean(),
+    }
+
+
+def mean_stats(stats_list):
+    """Elementwise mean of several routing_stats dicts (of equal-sized batches), on the CPU."""
+    return {k: torch.stack([s[k].float().cpu() for s in stats_list]).mean(0) for k in stats_list[0]}
+
+
+def format_routing(stats):
+    """The log line's routing part: global fraction, then attention FLOPs vs dense, ideal and computed."""
+    frac = stats["routed_global_frac"].item()
+    glob = "" if math.isnan(frac) else f"global {100 * frac:.1f}% "
+    return (f"{glob}attn-FLOPs ideal {100 * stats['model_ideal_flop_frac'].item():.0f}% "
+            f"computed {100 * stats['model_computed_flop_frac'].item():.0f}%")
+
+
+def tensorboard_scalars(prefix, stats, kinds):
+    """What the logger writes: the model-level numbers under `prefix`, the routed layers' global fraction and
+    mean p under `prefix`_layers, each head's global fraction under `prefix`_heads (nan values left out)."""
+    values = {f"{prefix}/global_frac": stats["routed_global_frac"].item(),
+              f"{prefix}/attention_flop_frac_ideal": stats["model_ideal_flop_frac"].item(),
+              f"{prefix}/attention_flop_frac_computed": stats["model_computed_flop_frac"].item()}
+    for layer, kind in enumerate(kinds):
+        if kind != "routed":
+            continue
+        values[f"{prefix}_layers/global_frac_layer{layer}"] = stats["global_frac"][layer].mean().item()
+        values[f"{prefix}_layers/mean_p_layer{layer}"] = stats["mean_p"][layer].mean().item()
+        for head, frac in enumerate(stats["global_frac"][layer].tolist()):
+            values[f"{prefix}_heads/layer{layer}_head{head}"] = frac
+    return {k: v for k, v in values.items() if not math.isnan(v)}
+
+
+def collapsed_layers(stats, kinds, threshold):
+    """Routed layers whose global fraction (heads averaged) is below threshold."""
+    return [i for i, kind in enumerate(kinds) if kind == "routed" and stats["global_frac"][i].mean().item() < threshold]
+
+
+def warn_collapse(stats, kinds, threshold, step):
+    """A routed layer whose heads (almost) never go global gets no gradient through its full-attention path,
+    so it rarely recovers: say so loudly, with what to try. Returns the collapsed layers."""
+    collapsed = collapsed_layers(stats, kinds, threshold)
+    if collapsed:
+        layers = ", ".join(f"{i} ({100 * stats['global_frac'][i].mean().item():.2f}% global, mean p "
+                           f"{stats['mean_p'][i].mean().item():.3f})" for i in collapsed)
+        tqdm.write(f"WARNING step {step}: router collapse in layer(s) {layers}: global attention is switched off. "
+                   "Try p_dense > 0, a later router_lambda_start, a longer ramp or router_budget > 0.")
+    return collapsed
+
+
+def global_heads_per_token(output):
+    """(B, T): per token, the number of (routed layer, head) pairs that attended globally; None without routed
+    layers."""
+    gates = [g.sum(1) for g in output.gates if g is not None]
+    return torch.stack(gates).sum(0) if gates else None
+
+
+def label_counts(gate, labels):
+    """Counts of a gate (bool, any shape) against needs_global labels of the same shape: [gated and needed,
+    gated and known not needed, needed but not gated, gated, tokens]. Unknown labels count only in the last
+    two."""
+    known, needed = labels != UNKNOWN_LABEL, labels == 1
+    return torch.tensor([(gate & needed).sum(), (gate & known & ~needed).sum(), (~gate & needed).sum(),
+                         gate.sum(), gate.numel()], dtype=torch.float64)
+
+
+def ratio(a, b):
+    return (a / b).item() if b > 0 else math.nan
+
+
+def precision_recall(counts):
+    """(global fraction, precision, recall) from summed label_counts. Precision: of the tokens routed global,
+    the fraction that need it; recall: of the tokens that need it, the fraction routed global."""
+    return ratio(counts[3], counts[4]), ratio(counts[0], counts[0] + counts[1]), ratio(counts[0], counts[0] + counts[2])
