@@ -1,5 +1,5 @@
 """Checkpoints: written atomically, read with clear errors, loaded into a model with a shape check, and a model
-built from one. train.py, sample.py and eval_routing.py all go through here.
+built from one. train.py, sample.py, evaluate.py and prune.py all go through here.
 
 A checkpoint is a dict: model (state dict), optimizer, model_config, train_config, iter_num, best_val_loss,
 data_meta (the corpus' meta.json) and rng (every RNG state, for exact resume).

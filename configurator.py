@@ -34,8 +34,11 @@ def _check_type(key, value, annotation):
         return float(value)
     if any(t is not type(None) and type(value) is t for t in allowed):
         return value
-    names = " or ".join("None" if t is type(None) else t.__name__ for t in allowed)
-    raise ConfigError(f"config key '{key}' expects {names}, got {type(value).__name__} {value!r}")
+    raise ConfigError(f"config key '{key}' expects {_type_names(annotation)}, got {type(value).__name__} {value!r}")
+
+
+def _type_names(annotation):
+    return " or ".join("None" if t is type(None) else t.__name__ for t in _expected_types(annotation))
 
 
 def _parse_value(text):
@@ -84,8 +87,8 @@ def parse_args(argv, *schemas):
             close = difflib.get_close_matches(key, fields, n=3, cutoff=0.6)
             hint = f"; did you mean {', '.join(close)}?" if close else f"; known keys: {', '.join(sorted(fields))}"
             raise ConfigError(f"unknown config key '{key}'{hint}")
-        if isinstance(value, str) and fields[key].type is not str and str not in _expected_types(fields[key].type):
-            raise ConfigError(f"config key '{key}' expects {fields[key].type.__name__}, got the string {value!r}")
+        if isinstance(value, str) and str not in _expected_types(fields[key].type):
+            raise ConfigError(f"config key '{key}' expects {_type_names(fields[key].type)}, got the string {value!r}")
         values[key] = _check_type(key, value, fields[key].type)
     try:
         return [schema(**{k: v for k, v in values.items() if k in {f.name for f in dataclasses.fields(schema)}})

@@ -17,7 +17,7 @@ from kernels.attention import attention
 from kernels.reference import local_visible, masked_attention
 
 KIND_OF_LETTER = {"G": "dense", "L": "local", "R": "routed"}
-RUNTIME_KEYS = {"attention_backend", "routed_mode", "router_threshold"}  # may change between runs of one model
+RUNTIME_KEYS = {"attention_backend", "routed_mode", "router_threshold", "router_explore"}  # may change between runs
 
 
 @dataclass
@@ -33,10 +33,12 @@ class GPTConfig:
     window: int = 32                # a local query at t sees keys t-window+1 .. t
     n_sink: int = 0                 # ... plus the first n_sink positions
     routing: str = "learned"        # 'learned' router, or 'random': global with probability random_global_q
-    random_global_q: float = 0.1
+    random_global_q: float | list = 0.1  # one rate, or one per layer (to match a learned model layer by layer)
     router_threshold: float = 0.5   # gate = p >= threshold; may be changed at inference
     router_init_bias: float = 0.0   # 0 with zero weights: p = 0.5 >= 0.5, so step 0 is all-global
     router_init_std: float = 0.0
+    router_explore: float = 0.0     # training only: this fraction of local decisions runs global anyway, so
+                                    # routers that went local still learn what global would have given
     routed_mode: str = "exact"      # 'exact': full + local for every token; 'sparse': full only where gated
     attention_backend: str = "auto"
     rope_base: float = 10000.0
@@ -55,10 +57,15 @@ class GPTConfig:
             raise ValueError(f"n_sink={self.n_sink} must be between 0 and window={self.window}")
         if self.routing not in ("learned", "random"):
             raise ValueError(f"routing={self.routing!r}: use 'learned' or 'random'")
+        if not 0.0 <= self.router_explore <= 1.0:
+            raise ValueError(f"router_explore={self.router_explore} must be a fraction in [0, 1]")
         if self.routed_mode not in ("exact", "sparse"):
             raise ValueError(f"routed_mode={self.routed_mode!r}: use 'exact' or 'sparse'")
-        if not 0.0 <= self.random_global_q <= 1.0:
-            raise ValueError(f"random_global_q={self.random_global_q} must be a probability")
+        rates = self.random_global_q if isinstance(self.random_global_q, list) else [self.random_global_q]
+        if isinstance(self.random_global_q, list) and len(rates) != self.n_layer:
+            raise ValueError(f"random_global_q has {len(rates)} rates for {self.n_layer} layers: give one per layer")
+        if not all(isinstance(q, (int, float)) and 0.0 <= q <= 1.0 for q in rates):
+            raise ValueError(f"random_global_q={self.random_global_q} must be a probability (or one per layer)")
 
     @property
     def layer_letters(self):
@@ -113,15 +120,17 @@ class Router(nn.Module):
     def forward(self, x, force_global=False):
         p = torch.sigmoid(self.logits(x).float()).transpose(1, 2)  # (B, H, T)
         hard = p >= self.config.router_threshold
+        if self.training and self.config.router_explore > 0:
+            hard = hard | (torch.rand_like(p) < self.config.router_explore)
         if force_global:
             hard = torch.ones_like(hard)
         return hard, hard.to(p.dtype) + (p - p.detach()), p
 
 
 class Attention(nn.Module):
-    def __init__(self, config, kind):
+    def __init__(self, config, kind, layer):
         super().__init__()
-        self.config, self.kind = config, kind
+        self.config, self.kind, self.layer = config, kind, layer
         self.n_head, self.head_dim = config.n_head, config.n_embd // config.n_head
         self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
         self.proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
@@ -136,7 +145,8 @@ class Attention(nn.Module):
         if self.router is not None:
             return self.router(x, force_global)
         B, T, _ = x.shape
-        hard = torch.rand(B, self.n_head, T, device=x.device) < self.config.random_global_q
+        q = self.config.random_global_q
+        hard = torch.rand(B, self.n_head, T, device=x.device) < (q[self.layer] if isinstance(q, list) else q)
         if force_global:
             hard = torch.ones_like(hard)
         return hard, hard.float(), None
@@ -189,10 +199,10 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, config, kind):
+    def __init__(self, config, kind, layer):
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
-        self.attn = Attention(config, kind)
+        self.attn = Attention(config, kind, layer)
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
@@ -233,7 +243,7 @@ class GPT(nn.Module):
         self.config = config
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
         self.drop = nn.Dropout(config.dropout)
-        self.blocks = nn.ModuleList(Block(config, kind) for kind in config.kinds)
+        self.blocks = nn.ModuleList(Block(config, kind, layer) for layer, kind in enumerate(config.kinds))
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # weight tying
@@ -265,6 +275,7 @@ class GPT(nn.Module):
         penalty_weight * mean over routed layers of max(0, mean_p(layer) - router_budget), mean_p(layer) the
         layer's mean router probability: with the default budget 0 a plain L1 push towards local; with a budget,
         no layer is pushed below that rate (per layer, so one busy layer cannot hide another's collapse).
+        penalty_weight: a number, or a tensor with one weight per layer with a learned router.
         force_global: every routed head of this call runs full attention (the router still gets its
         straight-through gradient).
         cache: list of LayerCache (generation); positions continue from what the cache has seen."""
@@ -287,7 +298,8 @@ class GPT(nn.Module):
         lm_loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
         layer_p = [p.mean() for p in probs if p is not None]
         layer_p = torch.stack(layer_p) if layer_p else lm_loss.new_zeros(1)
-        penalty = penalty_weight * torch.clamp(layer_p - router_budget, min=0.0).mean()
+        weight = torch.as_tensor(penalty_weight, dtype=layer_p.dtype, device=layer_p.device)
+        penalty = (weight * torch.clamp(layer_p - router_budget, min=0.0)).mean()
         return GPTOutput(logits, lm_loss + penalty, lm_loss, penalty, layer_p.mean(), gates, probs, T, mode)
 
     def new_cache(self):

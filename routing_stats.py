@@ -1,6 +1,7 @@
 """Routing statistics: every number about where routing went and what attention cost, in one place.
 
-train.py logs them (console and TensorBoard), eval_routing.py reports them, sample.py colours tokens by them.
+train.py logs them (console and TensorBoard), evaluation.py reports them (evaluate.py, prune.py), sample.py
+colours tokens by them.
 
 Attention cost is counted in keys read per query (query-key pairs), relative to dense causal attention:
 - ideal: what the gates ask for: a global token reads keys 0 .. t, a local one its window and sinks;
@@ -136,3 +137,13 @@ def precision_recall(counts):
     """(global fraction, precision, recall) from summed label_counts. Precision: of the tokens routed global,
     the fraction that need it; recall: of the tokens that need it, the fraction routed global."""
     return ratio(counts[3], counts[4]), ratio(counts[0], counts[0] + counts[1]), ratio(counts[0], counts[0] + counts[2])
+
+
+def kv_cache_bytes(config, context_length, bytes_per_element=4):
+    """Bytes of one sequence's KV cache at context_length positions, as model.LayerCache keeps it: keys and
+    values of every head; local layers hold only the last `window` positions and the first n_sink, dense and
+    routed layers every position (any later query may go global)."""
+    head_dim = config.n_embd // config.n_head
+    kept = [min(context_length, config.window + config.n_sink) if kind == "local" else context_length
+            for kind in config.kinds]
+    return sum(2 * config.n_head * head_dim * bytes_per_element * positions for positions in kept)

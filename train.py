@@ -5,6 +5,7 @@
 
 Every setting is a field of TrainConfig below or of model.GPTConfig.
 """
+import json
 import math
 import os
 import sys
@@ -22,7 +23,8 @@ from configurator import parse_args_or_exit
 from data.loader import TokenData
 from device import autocast_context, pick_device, pick_dtype
 from model import GPT, RUNTIME_KEYS, GPTConfig
-from routing_stats import format_routing, mean_stats, routing_stats, tensorboard_scalars, warn_collapse
+from routing_stats import format_routing, mean_stats, routing_stats, warn_collapse
+from tensorboard_log import Logger
 
 
 @dataclass
@@ -48,6 +50,12 @@ class TrainConfig:
     router_lambda_start: int = 0         # penalty is zero before this step ...
     router_lambda_ramp: int = 200        # ... then ramps linearly to router_lambda over this many steps
     router_budget: float = 0.0           # no penalty on a routed layer whose mean router probability is below this
+    router_target_global: float = 0.0    # > 0: lambda adapts so the routed global fraction approaches this
+    router_target_per_layer: bool = False  # ... each routed layer on its own (else the mean over routed layers)
+    router_target_rate: float = 0.05     # how fast lambda adapts (LambdaController) ...
+    router_lambda_max: float = 1.0       # ... within +- this: a lambda that dominates the LM loss would also
+                                         # dominate the clipped gradient norm
+    sparse_from_iter: int = 0            # with routed_mode='sparse': exact mode before this step
     p_dense: float = 0.0                 # probability that a step runs every routed head globally
     collapse_frac: float = 0.005         # warn when a routed layer's global fraction falls below this
     eval_interval: int = 250
@@ -72,34 +80,67 @@ def lr_at(it, cfg):
     return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (cfg.learning_rate - cfg.min_lr)
 
 
-def router_lambda_at(it, cfg):
+def lambda_ramp(it, cfg):
+    """The penalty's schedule, a factor in [0, 1]: 0 before router_lambda_start, then a linear ramp."""
     if it < cfg.router_lambda_start:
         return 0.0
     if cfg.router_lambda_ramp <= 0:
-        return cfg.router_lambda
-    return cfg.router_lambda * min(1.0, (it - cfg.router_lambda_start + 1) / cfg.router_lambda_ramp)
+        return 1.0
+    return min(1.0, (it - cfg.router_lambda_start + 1) / cfg.router_lambda_ramp)
 
 
-class Logger:
-    """TensorBoard scalars of the run (rank 0 only)."""
+def router_lambda_at(it, cfg):
+    return cfg.router_lambda * lambda_ramp(it, cfg)
 
-    def __init__(self, log_dir, enabled):
-        self.writer = None
-        if enabled:
-            from torch.utils.tensorboard import SummaryWriter
-            self.writer = SummaryWriter(log_dir)
 
-    def scalars(self, step, values):
-        if self.writer:
-            for name, value in values.items():
-                self.writer.add_scalar(name, value, step)
+class LambdaController:
+    """Budget-targeted routing: one lambda per routed layer (or one shared) that moves each step towards the value
+    at which the measured global fraction meets the target: up while the layer is more global than the target,
+    down while less, and below zero (a reward for going global) if a layer stays under the target, so a layer
+    that closed can reopen. lambda = router_lambda * sinh(u) / sinh(1) with u += rate * error (relative error,
+    clipped to [-1, 1]): steps are multiplicative for a large lambda and additive around zero."""
 
-    def routing(self, step, prefix, stats, kinds):
-        self.scalars(step, tensorboard_scalars(prefix, stats, kinds))
+    def __init__(self, cfg, n_layers):
+        self.target, self.rate, self.scale = cfg.router_target_global, cfg.router_target_rate, cfg.router_lambda
+        self.per_layer = cfg.router_target_per_layer
+        self.u_max = math.asinh(cfg.router_lambda_max / self.scale * math.sinh(1.0))
+        self.u = torch.ones(n_layers if self.per_layer else 1)
 
-    def close(self):
-        if self.writer:
-            self.writer.close()
+    @property
+    def lam(self):
+        return self.scale * torch.sinh(self.u) / math.sinh(1.0)
+
+    def update(self, global_fracs):
+        """global_fracs: (n_layers,) the step's global fraction of each routed layer with a learned router."""
+        frac = global_fracs if self.per_layer else global_fracs.mean(0, keepdim=True)
+        error = ((frac - self.target) / self.target).clamp(-1.0, 1.0)
+        self.u = (self.u + self.rate * error).clamp(-self.u_max, self.u_max)
+
+    def weights(self, n_layers):
+        return self.lam if self.per_layer else self.lam.expand(n_layers)
+
+
+def check_config(tcfg, mcfg):
+    """Combinations of keys that cannot work, with what to change."""
+    if tcfg.trainable not in ("all", "router"):
+        raise ValueError(f"trainable={tcfg.trainable!r}: use 'all' or 'router'")
+    learned = mcfg.routing == "learned" and "R" in mcfg.layer_letters
+    if tcfg.trainable == "router" and not learned:
+        raise ValueError("trainable='router' needs learned routers: a schedule with R and routing='learned'")
+    if not 0.0 <= tcfg.router_target_global <= 1.0:
+        raise ValueError(f"router_target_global={tcfg.router_target_global} must be a global fraction in [0, 1]")
+    if tcfg.router_target_global > 0 and not learned:
+        raise ValueError("router_target_global needs learned routers: a schedule with R and routing='learned'")
+    if tcfg.sparse_from_iter > 0 and mcfg.routed_mode != "sparse":
+        raise ValueError("sparse_from_iter switches exact -> sparse: set routed_mode='sparse' with it")
+
+
+def write_json(path, obj):
+    """Atomic like the checkpoint: readers never see half a file."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1)
+    os.replace(tmp, path)
 
 
 @torch.no_grad()
@@ -142,25 +183,30 @@ def train(tcfg, mcfg):
 
     torch.manual_seed(tcfg.seed + rank)
     generator = torch.Generator().manual_seed(tcfg.seed + rank)  # data windows and forced-global draws
+    check_config(tcfg, mcfg)
     model = GPT(mcfg).to(device)
-    if tcfg.trainable not in ("all", "router"):
-        raise ValueError(f"trainable={tcfg.trainable!r}: use 'all' or 'router'")
+    n_routers = sum(block.attn.router is not None for block in model.blocks)
+    controller = LambdaController(tcfg, n_routers) if tcfg.router_target_global > 0 else None
+    trained_mode = mcfg.routed_mode  # sparse_from_iter runs exact first; checkpoints keep the trained mode
     if tcfg.trainable == "router":
-        if mcfg.routing != "learned" or "R" not in mcfg.layer_letters:
-            raise ValueError("trainable='router' needs learned routers: a schedule with R and routing='learned'")
         for name, param in model.named_parameters():
             param.requires_grad_(".router." in name)
     optimizer = configure_optimizer(model, tcfg, device_type)
-    iter_num, best_val = 0, float("inf")
+    iter_num, best_val, val_history = 0, float("inf"), []
     if tcfg.init_from == "resume":
         ckpt = load_checkpoint(ckpt_path, device)
         changed = {k: (v, asdict(mcfg).get(k)) for k, v in ckpt["model_config"].items()
                    if asdict(mcfg).get(k) != v and k not in RUNTIME_KEYS}
         if changed:
             raise ValueError(f"cannot resume {ckpt_path}: model config differs (checkpoint, now): {changed}")
+        if ckpt.get("optimizer") is None:
+            raise ValueError(f"cannot resume {ckpt_path}: it holds no optimizer state (a pruned checkpoint); "
+                             f"fine-tune it with --init_from={ckpt_path} instead")
         load_model_state(model, ckpt["model"], ckpt_path)
         optimizer.load_state_dict(ckpt["optimizer"])
-        iter_num, best_val = ckpt["iter_num"], ckpt["best_val_loss"]
+        iter_num, best_val, val_history = ckpt["iter_num"], ckpt["best_val_loss"], ckpt.get("val_history", [])
+        if controller is not None and ckpt.get("router_lambda_state") is not None:
+            controller.u = ckpt["router_lambda_state"]
         torch.set_rng_state(ckpt["rng"]["torch"])
         if torch.cuda.is_available() and ckpt["rng"].get("cuda") is not None:
             torch.cuda.set_rng_state_all(ckpt["rng"]["cuda"])
@@ -190,35 +236,55 @@ def train(tcfg, mcfg):
             dist.all_gather_object(gathered, rng_data)
             rng_data = gathered
         return {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
-                "model_config": asdict(mcfg), "train_config": asdict(tcfg), "iter_num": iter_num,
-                "best_val_loss": best_val, "data_meta": data.meta,
+                "model_config": {**asdict(mcfg), "routed_mode": trained_mode}, "train_config": asdict(tcfg),
+                "iter_num": iter_num, "best_val_loss": best_val, "val_history": val_history,
+                "router_lambda_state": controller.u if controller is not None else None, "data_meta": data.meta,
                 "rng": {"torch": torch.get_rng_state(), "data": rng_data,
                         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}}
 
-    def eval_and_save():
+    def eval_and_save(final=False):
         nonlocal best_val
         val_loss, stats = evaluate(raw_model, [(x.to(device), y.to(device)) for x, y in val_batches], autocast)
         best_val = min(best_val, val_loss)
+        val_history.append([iter_num, val_loss])
         result.update(val_loss=val_loss, routing=stats)
         if master:
             tqdm.write(f"step {iter_num}: val loss {val_loss:.4f} | {format_routing(stats)}")
             warn_collapse(stats, mcfg.kinds, tcfg.collapse_frac, iter_num)
-            logger.scalars(iter_num, {"val/loss": val_loss})
-            logger.routing(iter_num, "val_routing", stats, mcfg.kinds)
+            logger.evaluation(iter_num, val_loss, stats, raw_model, val_batches[0][0].to(device), data.meta, autocast)
         state = checkpoint_state() if tcfg.save_checkpoint else None
         if master and state is not None:
             save_checkpoint(ckpt_path, state)
+        if master:
+            write_json(os.path.join(tcfg.out_dir, "train_summary.json"), run_summary(val_loss, stats, final))
+
+    def run_summary(val_loss, stats, final):
+        per_layer = [stats["global_frac"][i].mean().item() if kind == "routed" else None
+                     for i, kind in enumerate(mcfg.kinds)]
+        frac = stats["routed_global_frac"].item()
+        return {"iter_num": iter_num, "max_iters": tcfg.max_iters, "complete": final, "val_loss": val_loss,
+                "tokens_per_s": steps_timed * tokens_per_iter / train_time if train_time else None,
+                "wall_s": time.time() - started, "routed_global_frac": None if math.isnan(frac) else frac,
+                "model_ideal_flop_frac": stats["model_ideal_flop_frac"].item(),
+                "model_computed_flop_frac": stats["model_computed_flop_frac"].item(),
+                "global_frac_per_layer": per_layer, "val_history": val_history,
+                "router_lambdas": controller.lam.tolist() if controller is not None else None}
 
     bar = tqdm(total=tcfg.max_iters, initial=iter_num, disable=not (master and tcfg.progress_bar and sys.stderr.isatty()),
                dynamic_ncols=True, leave=False)
     t_last, iters_timed = time.time(), 0
+    started, train_time, steps_timed = time.time(), 0.0, 0  # training steps only, for tokens/s
     while iter_num < tcfg.max_iters:
         if iter_num % tcfg.eval_interval == 0:
             eval_and_save()
             t_last, iters_timed = time.time(), 0
-        lr, lam = lr_at(iter_num, tcfg), router_lambda_at(iter_num, tcfg)
+        step_start = time.time()
+        lr = lr_at(iter_num, tcfg)
+        lam = router_lambda_at(iter_num, tcfg) if controller is None else \
+            controller.weights(n_routers) * lambda_ramp(iter_num, tcfg)
         for group in optimizer.param_groups:
             group["lr"] = lr
+        raw_model.config.routed_mode = "exact" if iter_num < tcfg.sparse_from_iter else trained_mode
         force_global = bool(torch.rand((), generator=generator) < tcfg.p_dense)
         for micro in range(tcfg.grad_accum):
             x, y = data.train_batch(tcfg.batch_size, generator)
@@ -231,7 +297,10 @@ def train(tcfg, mcfg):
             torch.nn.utils.clip_grad_norm_(raw_model.parameters(), tcfg.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if controller is not None and not force_global and iter_num >= tcfg.router_lambda_start:
+            controller.update(torch.stack([g.float().mean() for g, p in zip(out.gates, out.probs) if p is not None]).cpu())
         history.append(out.loss.item())
+        train_time, steps_timed = train_time + time.time() - step_start, steps_timed + 1
         iter_num += 1
         iters_timed += 1
         bar.update(1)
@@ -240,6 +309,7 @@ def train(tcfg, mcfg):
             stats = routing_stats(out, raw_model.config)
             eta = dt * (tcfg.max_iters - iter_num)
             tok_s = tokens_per_iter / dt
+            lam = float(torch.as_tensor(lam).float().mean())
             tqdm.write(f"iter {iter_num}: loss {out.loss.item():.4f} (lm {out.lm_loss.item():.4f} + penalty "
                        f"{out.penalty.item():.2g}; mean p {out.mean_p.item():.3f}, lambda {lam:.2g}) | "
                        f"{format_routing(stats)}{' [forced global]' if force_global else ''} | lr {lr:.2e} | "
@@ -250,7 +320,9 @@ def train(tcfg, mcfg):
             logger.routing(iter_num, "train_routing", stats, mcfg.kinds)
             t_last, iters_timed = time.time(), 0
     bar.close()
-    eval_and_save()
+    raw_model.config.routed_mode = trained_mode
+    eval_and_save(final=True)
+    logger.hparams({**asdict(tcfg), **asdict(mcfg)})
     logger.close()
     if ddp:
         dist.destroy_process_group()

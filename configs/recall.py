@@ -2,9 +2,9 @@
 # budget shared by the recall records in results/, and on its own the dense baseline. The local and routed runs
 # add one small config file:
 # python data/synthetic/prepare.py --task=recall --block_size=512 --window=32 --n_pairs=4 --n_queries=4 --out_dir=data/recall
-# python train.py configs/recall.py && python eval_routing.py --out_dir=out/recall_dense --data_dir=data/recall
-# python train.py configs/recall.py configs/recall_local.py     (then eval_routing.py --out_dir=out/recall_local)
-# python train.py configs/recall.py configs/recall_routed.py    (then eval_routing.py --out_dir=out/recall_routed)
+# python train.py configs/recall.py && python evaluate.py out/recall_dense --data_dir=data/recall
+# python train.py configs/recall.py configs/recall_local.py     (then python evaluate.py out/recall_local)
+# python train.py configs/recall.py configs/recall_routed.py    (then python evaluate.py out/recall_routed)
 out_dir = "out/recall_dense"
 dataset = "recall"
 n_layer = 4

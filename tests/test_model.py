@@ -172,6 +172,28 @@ def test_routed_layer_flop_fraction_ideal_and_computed(mode, bias):
     torch.testing.assert_close(forced["computed_flop_frac"], (1 + local)[None])
 
 
+def test_router_explore_sends_a_fraction_of_local_decisions_global_in_training_only():
+    torch.manual_seed(0)
+    model = GPT(small_config(schedule="R", router_init_bias=-30.0, router_explore=0.25))
+    x = tokens(B=8)
+    out = model(x, x)
+    frac = torch.stack([g.float().mean() for g in out.gates]).mean()
+    assert abs(frac.item() - 0.25) < 0.03
+    out.lm_loss.backward()  # explored tokens carry the straight-through gradient to the router
+    assert model.blocks[0].attn.router.logits.weight.grad.abs().sum() > 0
+    assert not any(g.any() for g in model.eval()(x, x).gates)
+
+
+def test_random_routing_rate_per_layer():
+    torch.manual_seed(0)
+    model = GPT(small_config(schedule="R", n_layer=3, routing="random", random_global_q=[0.0, 1.0, 0.5]))
+    x = tokens(B=8)
+    fracs = routing_stats(model(x, x), model.config)["global_frac"].mean(1)
+    assert fracs[0] == 0 and fracs[1] == 1 and abs(fracs[2] - 0.5) < 0.05
+    with pytest.raises(ValueError, match="one per layer"):
+        small_config(routing="random", random_global_q=[0.1])
+
+
 def test_routing_stats_flop_fraction():
     cfg = small_config(schedule="LG", window=8, n_sink=2)
     x = tokens(T=48)

@@ -1,3 +1,4 @@
+import json
 import math
 import os
 
@@ -5,13 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-import eval_routing
+import evaluate
 import train
 from configurator import ConfigError, parse_args
 from data.loader import TokenData
 from data.prepare import prepare
 from data.synthetic.prepare import SyntheticConfig, generate, parse
 from data.synthetic.tasks import UNKNOWN, Copy, Needle, Recall, needs_global
+from evaluation import evaluate_routing
 from model import GPTConfig
 from checkpoint import load_model
 from train import TrainConfig
@@ -226,13 +228,16 @@ def tiny_run(tmp_path, data_dir, **overrides):
                       TrainConfig, GPTConfig)
 
 
-def test_eval_routing_reports_accuracy_precision_and_recall(tmp_path, capsys):
+def test_evaluate_reports_task_accuracy_precision_and_recall(tmp_path, capsys):
     tiny_recall(tmp_path / "task")
     train.train(*tiny_run(tmp_path, tmp_path / "task"))
-    eval_routing.main([f"--out_dir={tmp_path / 'out'}", f"--data_dir={tmp_path / 'task'}", "--device=cpu"])
+    evaluate.main([str(tmp_path / "out"), f"--data_dir={tmp_path / 'task'}", "--device=cpu"])
     report = capsys.readouterr().out
     assert "40 examples, 160 answer tokens" in report and "layer  head  global  precision  recall" in report
     assert len([line for line in report.splitlines() if line.lstrip().startswith(("0 ", "1 "))]) == 2 * 3
+    written = json.load(open(tmp_path / "out" / "eval.json"))
+    assert written["synthetic"]["examples"] == 40 and len(written["synthetic"]["routing"]) == 2 * 3
+    assert written["bits_per_byte"] is None and written["eval_tokens"] == 40 * 32
 
     model, _ = load_model(str(tmp_path / "out"), "cpu")
     data = TokenData(str(tmp_path / "task"), 32, 20)
@@ -240,7 +245,7 @@ def test_eval_routing_reports_accuracy_precision_and_recall(tmp_path, capsys):
     for bias, recall in ((30.0, 1.0), (-30.0, 0.0)):  # every token global, then none
         for block in model.blocks:
             torch.nn.init.constant_(block.attn.router.logits.bias, bias)
-        result = eval_routing.evaluate_routing(model, data, max_examples=40, batch_size=16)
+        result = evaluate_routing(model, data, max_examples=40, batch_size=16)
         assert result["examples"] == 40 and result["answers"] == 160
         assert result["answers_needs_global"] == (labels == 1).sum()
         x, y = data.batch("val", data.starts["val"][:40].tolist())
@@ -265,4 +270,4 @@ def test_eval_routing_reports_accuracy_precision_and_recall(tmp_path, capsys):
     prepare(lambda: iter(["some text"] * 100), str(tmp_path / "text"), encoding="bytes", val_fraction=0.5,
             progress=False)
     with pytest.raises(ValueError, match="no answer/needs_global labels"):
-        eval_routing.evaluate_routing(model, TokenData(str(tmp_path / "text"), 32, 256))
+        evaluate_routing(model, TokenData(str(tmp_path / "text"), 32, 256))

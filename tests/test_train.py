@@ -1,3 +1,5 @@
+import json
+import math
 import os
 import re
 import socket
@@ -12,7 +14,7 @@ import train
 from configurator import ConfigError, parse_args
 from model import GPT, GPTConfig
 from routing_stats import warn_collapse
-from train import TrainConfig, lr_at
+from train import LambdaController, TrainConfig, lr_at
 
 
 def configs(tmp_path, corpus, **overrides):
@@ -76,6 +78,61 @@ def test_training_passes_lambda_and_budget_to_the_loss(tmp_path, tiny_corpus, mo
 
 
 @pytest.mark.slow
+def test_lambda_controller_raises_lambda_above_the_target_and_lowers_it_below_zero():
+    tcfg, _ = parse_args(["--router_target_global=0.2", "--router_lambda=0.01", "--router_target_rate=0.5"],
+                         TrainConfig, GPTConfig)
+    shared = LambdaController(tcfg, 3)
+    torch.testing.assert_close(shared.weights(3), torch.full((3,), 0.01))  # starts at router_lambda
+    shared.update(torch.tensor([0.9, 0.1, 0.2]))  # mean 0.4: twice the target, error clipped to 1
+    torch.testing.assert_close(shared.weights(3), torch.full((3,), 0.01 * math.sinh(1.5) / math.sinh(1.0)))
+    tcfg.router_target_per_layer = True
+    per_layer = LambdaController(tcfg, 3)
+    for _ in range(4):  # layer 0 above its target, 1 below it, 2 on it
+        per_layer.update(torch.tensor([0.9, 0.0, 0.2]))
+    lam = per_layer.weights(3)
+    assert lam[0] > 0.01 and lam[1] < 0 and lam[2] == pytest.approx(0.01)  # below zero: a reward for global
+    for _ in range(100):
+        per_layer.update(torch.tensor([1.0, 0.0, 0.2]))
+    torch.testing.assert_close(per_layer.weights(3)[:2], torch.tensor([1.0, -1.0]))  # +- router_lambda_max
+
+
+@pytest.mark.slow
+def test_budget_targeted_training_adapts_lambda_and_writes_the_summary(tmp_path, tiny_corpus, capsys):
+    """Routers start all global (bias 3): lambda grows, up to router_lambda_max, while the layers stay above
+    the target; the summary file says so."""
+    result = train.train(*configs(tmp_path, tiny_corpus, max_iters=60, router_target_global=0.25, router_lambda=0.01,
+                                  router_target_rate=0.2, router_lambda_ramp=0, router_init_bias=3.0,
+                                  router_target_per_layer=True, router_lambda_max=0.5))
+    with open(tmp_path / "out" / "train_summary.json") as f:
+        summary = json.load(f)
+    assert summary["complete"] and summary["iter_num"] == 60 and summary["max_iters"] == 60
+    assert [it for it, _ in summary["val_history"]] == [0, 20, 40, 60]
+    assert summary["val_loss"] == pytest.approx(result["val_loss"]) and summary["tokens_per_s"] > 0
+    assert summary["router_lambdas"] == [pytest.approx(0.5, rel=1e-5)] * 2  # pushed up from 0.01, capped
+    assert len(summary["global_frac_per_layer"]) == 2
+
+
+def test_sparse_from_iter_trains_exact_first_then_sparse(tmp_path, tiny_corpus, monkeypatch):
+    modes = []
+    forward = GPT.forward
+
+    def recording_forward(self, idx, targets=None, **kwargs):
+        out = forward(self, idx, targets, **kwargs)
+        if self.training:
+            modes.append(out.routed_mode)
+        return out
+
+    monkeypatch.setattr(GPT, "forward", recording_forward)
+    train.train(*configs(tmp_path, tiny_corpus, max_iters=6, routed_mode="sparse", sparse_from_iter=4,
+                         eval_interval=100))
+    assert modes == ["exact"] * 4 + ["sparse"] * 2
+    assert checkpoint.load_checkpoint(str(tmp_path / "out"), "cpu")["model_config"]["routed_mode"] == "sparse"
+    with pytest.raises(ValueError, match="set routed_mode='sparse'"):
+        train.train(*configs(tmp_path, tiny_corpus, max_iters=2, sparse_from_iter=1))
+    with pytest.raises(ValueError, match="needs learned routers"):
+        train.train(*configs(tmp_path, tiny_corpus, max_iters=2, schedule="G", router_target_global=0.1))
+
+
 def test_resume_continues_with_identical_losses(tmp_path, tiny_corpus):
     common = {"lr_decay_iters": 12, "eval_interval": 100, "p_dense": 0.3, "routing": "random", "dropout": 0.1}
     straight = train.train(*configs(tmp_path / "a", tiny_corpus, max_iters=12, **common))["losses"]
@@ -149,6 +206,10 @@ def test_config_errors_name_the_key(tmp_path):
         parse_args(["--learning_rat=0.1"], TrainConfig, GPTConfig)
     with pytest.raises(ConfigError, match="'max_iters' expects int"):
         parse_args(["--max_iters=1.5"], TrainConfig, GPTConfig)
+    with pytest.raises(ConfigError, match="'router_target_global' expects float, got the string 'high'"):
+        parse_args(["--router_target_global=high"], TrainConfig, GPTConfig)
+    with pytest.raises(ConfigError, match="'random_global_q' expects float or list, got the string 'high'"):
+        parse_args(["--random_global_q=high"], TrainConfig, GPTConfig)
     config_file = tmp_path / "bad.py"
     config_file.write_text("import math\nwindw = 4\n")
     with pytest.raises(ConfigError, match="unknown config key 'windw'; did you mean window"):
@@ -161,7 +222,7 @@ def test_config_errors_name_the_key(tmp_path):
 
 def test_every_config_file_runs_alone_or_names_the_file_to_put_first():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    names = sorted(os.listdir(os.path.join(root, "configs")))
+    names = sorted(n for n in os.listdir(os.path.join(root, "configs")) if n.endswith(".py"))  # grids/: compare.py
     assert "recall_finetune.py" in names
     overlays = 0
     for name in names:

@@ -1,0 +1,79 @@
+"""Evaluate checkpoints on the same fixed validation tokens: val loss, perplexity or bits per byte, global
+fraction (overall, per layer, per head), attention FLOPs (ideal and computed), KV-cache bytes, a router-
+threshold sweep for learned routers, and on synthetic tasks answer accuracy and router precision/recall.
+
+    python evaluate.py out/quickstart out/local [--data_dir=data/python_stdlib] [--out_dir=out/eval]
+    python evaluate.py out/grid/ --thresholds=0.2,0.5,0.8 --context_length=8192 --dtype=bfloat16
+    python evaluate.py out/recall_routed --data_dir=data/recall
+
+A path is a checkpoint file, a run folder (its ckpt.pt) or a folder of run folders. With --out_dir, each run's
+JSON goes to OUT_DIR/<run>.json and the table to OUT_DIR/eval.md; without it, each JSON goes next to its
+checkpoint as eval.json and the table is only printed.
+"""
+import json
+import os
+import sys
+from dataclasses import dataclass
+
+from configurator import parse_args_or_exit
+from evaluation import (DEFAULT_EVAL_TOKENS, DEFAULT_THRESHOLDS, check_thresholds, evaluate_checkpoint,
+                        find_checkpoints, format_result, markdown_table, run_name, trained_data_dir)
+
+
+@dataclass
+class EvalConfig:
+    data_dir: str = ""                      # the corpus for every checkpoint; "": the first one's training corpus
+    out_dir: str = ""                       # OUT_DIR/<run>.json + OUT_DIR/eval.md; "": eval.json beside each ckpt
+    thresholds: tuple | list | float = DEFAULT_THRESHOLDS  # the sweep, for models with learned routers; () none
+    context_length: int = 0                 # KV-cache bytes at this many positions; 0: each model's block_size
+    eval_tokens: int = DEFAULT_EVAL_TOKENS  # ceil(eval_tokens / block_size) fixed val windows
+    batch_size: int = 8
+    max_examples: int = 500                 # synthetic tasks: the accuracy report's val examples
+    router_threshold: float | None = None   # evaluate at this threshold instead of the trained one
+    device: str = "auto"
+    dtype: str = "float32"                  # evaluation precision and the KV cache's element size
+
+
+def main(argv):
+    paths = [arg for arg in argv if not arg.startswith("--")]
+    (cfg,) = parse_args_or_exit([arg for arg in argv if arg.startswith("--")], EvalConfig)
+    if not paths:
+        sys.exit("name at least one checkpoint: python evaluate.py CKPT_OR_DIR [CKPT_OR_DIR ...] [--key=value ...]")
+    thresholds = [cfg.thresholds] if isinstance(cfg.thresholds, float) else list(cfg.thresholds)
+    try:
+        check_thresholds(thresholds)
+        checkpoints = find_checkpoints(paths)
+        names = [run_name(path) for path in checkpoints]
+        if cfg.out_dir and len(set(names)) < len(names):
+            raise ValueError(f"two checkpoints share a run name (their folder's name) in {names}: "
+                             f"evaluate them into separate --out_dir folders")
+        data_dir = cfg.data_dir or trained_data_dir(checkpoints[0])
+        results = []
+        for path in checkpoints:
+            result = evaluate_checkpoint(
+                path, data_dir, thresholds, context_length=cfg.context_length, eval_tokens=cfg.eval_tokens,
+                batch_size=cfg.batch_size, device=cfg.device, dtype=cfg.dtype, router_threshold=cfg.router_threshold,
+                max_examples=cfg.max_examples, log=print)
+            print(format_result(result, cfg.dtype))
+            write_json(result, os.path.join(cfg.out_dir, f"{result['run']}.json") if cfg.out_dir else
+                       os.path.join(os.path.dirname(path), "eval.json"))
+            results.append(result)
+    except (FileNotFoundError, ValueError) as e:
+        sys.exit(f"error: {e}")
+    table = markdown_table(results, cfg.dtype)
+    print(table)
+    if cfg.out_dir:
+        with open(os.path.join(cfg.out_dir, "eval.md"), "w") as f:
+            f.write(table)
+
+
+def write_json(result, path):
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(result, f, indent=2, allow_nan=False)
+        f.write("\n")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,371 @@
+"""Evaluate checkpoints on fixed validation tokens: val loss, perplexity (bits per byte on byte-level corpora),
+where routing went, attention FLOPs, KV-cache bytes, a router-threshold sweep, and on synthetic tasks answer
+accuracy and the routers' precision and recall against the needs_global labels. evaluate.py and compare.py
+report through here, prune.py measures with it.
+
+Every checkpoint is scored on the same windows: ceil(eval_tokens / block_size) windows of block_size tokens,
+evenly spaced over the val split (data/loader.py), under an RNG seeded 0 (random routing draws from it), so
+two evaluations of a checkpoint give the same numbers to the last digit, and checkpoints of one block_size
+see the same tokens.
+"""
+import dataclasses
+import math
+import os
+from contextlib import nullcontext
+
+import torch
+
+from checkpoint import checkpoint_path, load_checkpoint, load_model
+from data.loader import TokenData
+from data.synthetic.tasks import UNKNOWN_LABEL
+from data.tokens import read_meta
+from device import autocast_context, pick_device, pick_dtype
+from routing_stats import kv_cache_bytes, label_counts, mean_stats, precision_recall, ratio, routing_stats
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_THRESHOLDS = (0.1, 0.3, 0.5, 0.7, 0.9)
+DEFAULT_EVAL_TOKENS = 65536  # 64 windows at block_size 1024 (python_stdlib's val split holds 404,002 tokens)
+
+
+def check_thresholds(thresholds):
+    bad = [t for t in thresholds if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= 1]
+    if bad:
+        raise ValueError(f"router threshold(s) {', '.join(map(repr, bad))} outside [0, 1]: a threshold is "
+                         f"compared with a router probability; pass e.g. --thresholds=0.1,0.5,0.9")
+
+
+def find_checkpoints(paths):
+    """Checkpoint files from paths that are a checkpoint file, a run folder (holding ckpt.pt) or a folder of
+    run folders (each of its sub-folders that holds a ckpt.pt, in name order)."""
+    found = []
+    for path in paths:
+        if os.path.isdir(path) and not os.path.exists(checkpoint_path(path)):
+            runs = sorted(d for d in os.listdir(path) if os.path.isfile(os.path.join(path, d, "ckpt.pt")))
+            if not runs:
+                raise FileNotFoundError(f"no checkpoint at {path}: neither {checkpoint_path(path)} nor a "
+                                        f"sub-folder with a ckpt.pt; train one first (python train.py configs/NAME.py)")
+            found += [os.path.join(path, d, "ckpt.pt") for d in runs]
+        elif not os.path.isfile(checkpoint_path(path)):
+            raise FileNotFoundError(f"no checkpoint at {checkpoint_path(path)}: train one first "
+                                    f"(python train.py configs/NAME.py) or check the path")
+        else:
+            found.append(checkpoint_path(path))
+    return found
+
+
+def run_name(path):
+    """A run is named after the folder its checkpoint lives in."""
+    return os.path.basename(os.path.dirname(os.path.abspath(checkpoint_path(path))))
+
+
+def trained_data_dir(path):
+    """The corpus a checkpoint was trained on: train.py's data_dir, or data/<dataset>."""
+    train_config = load_checkpoint(path, "cpu").get("train_config") or {}
+    return train_config.get("data_dir") or os.path.join(ROOT, "data", train_config.get("dataset", "python_stdlib"))
+
+
+def eval_data(data_dir, config, source):
+    """The corpus as TokenData for a model of `config`, refusing one whose tokens the model cannot embed."""
+    vocab = read_meta(data_dir)["vocab_size"]
+    if vocab > config.vocab_size:
+        raise ValueError(f"the corpus {data_dir} has vocab_size {vocab} but {source} only {config.vocab_size}: "
+                         f"evaluate it on a corpus of its own tokenizer (--data_dir=...)")
+    return TokenData(data_dir, config.block_size, config.vocab_size)
+
+
+def fixed_val_batches(data, eval_tokens, batch_size):
+    """The fixed val windows: ceil(eval_tokens / block_size) of them, at most one per distinct window start,
+    in equal batches (routing_stats are averaged per batch)."""
+    if eval_tokens < 1 or batch_size < 1:
+        raise ValueError(f"eval_tokens={eval_tokens}, batch_size={batch_size}: both must be at least 1")
+    starts = data.starts["val"]
+    distinct = len(data.tokens("val")) - data.block_size if starts is None else len(starts)
+    n = max(1, min(-(-eval_tokens // data.block_size), distinct))
+    batch_size = min(batch_size, n)
+    return data.val_batches(batch_size, n // batch_size)
+
+
+def rng_devices(model):
+    device = next(model.parameters()).device
+    return [device] if device.type == "cuda" else []
+
+
+@torch.no_grad()
+def evaluate_loss(model, batches, autocast=None, force_global=False):
+    """Mean LM loss over the scored targets of the batches and their mean routing_stats. Random routing draws
+    from a forked RNG seeded 0: the same gates on every call, and the caller's RNG does not move. The model's
+    train/eval mode is left as it was."""
+    device, training = next(model.parameters()).device, model.training
+    model.eval()
+    loss_sum, scored, stats = 0.0, 0, []
+    with torch.random.fork_rng(devices=rng_devices(model)):
+        torch.manual_seed(0)
+        for x, y in batches:
+            x, y = x.to(device), y.to(device)
+            with autocast or nullcontext():
+                out = model(x, y, force_global=force_global)
+            n = int((y != -1).sum())
+            loss_sum, scored = loss_sum + out.lm_loss.item() * n, scored + n
+            stats.append(routing_stats(out, model.config))
+    model.train(training)
+    return loss_sum / scored if scored else math.nan, mean_stats(stats)
+
+
+def finite(value):
+    """A float for JSON: nan -> None."""
+    return None if math.isnan(value) else value
+
+
+def routing_summary(stats, kinds):
+    """Global fraction of the routed layers (overall, per layer, per head; None where a layer is not routed)
+    and the model's attention FLOPs vs dense, ideal and computed."""
+    routed = [kind == "routed" for kind in kinds]
+    return {
+        "global_frac": finite(stats["routed_global_frac"].item()),
+        "global_frac_per_layer": [frac.mean().item() if r else None for frac, r in zip(stats["global_frac"], routed)],
+        "global_frac_per_head": [frac.tolist() if r else None for frac, r in zip(stats["global_frac"], routed)],
+        "attention_flop_frac_ideal": stats["model_ideal_flop_frac"].item(),
+        "attention_flop_frac_computed": stats["model_computed_flop_frac"].item(),
+    }
+
+
+def has_learned_router(config):
+    return config.routing == "learned" and "routed" in config.kinds
+
+
+def threshold_sweep(model, batches, thresholds, autocast=None):
+    """Loss, global fraction and attention FLOPs of one trained model at each router threshold (the model's
+    threshold is put back afterwards); [] for a model without learned routers."""
+    check_thresholds(thresholds)
+    if not has_learned_router(model.config):
+        return []
+    trained, rows = model.config.router_threshold, []
+    try:
+        for threshold in thresholds:
+            model.config.router_threshold = threshold  # the routers share the model's config
+            loss, stats = evaluate_loss(model, batches, autocast)
+            summary = routing_summary(stats, model.config.kinds)
+            rows.append({"threshold": float(threshold), "val_loss": loss, "global_frac": summary["global_frac"],
+                         "attention_flop_frac_ideal": summary["attention_flop_frac_ideal"],
+                         "attention_flop_frac_computed": summary["attention_flop_frac_computed"]})
+    finally:
+        model.config.router_threshold = trained
+    return rows
+
+
+def kv_cache_summary(config, context_length, bytes_per_element):
+    """KV-cache bytes of the model and of the all-dense model of its shape, at context_length positions."""
+    dense = dataclasses.replace(config, schedule="G")
+    return {"kv_cache_bytes": kv_cache_bytes(config, context_length, bytes_per_element),
+            "kv_cache_bytes_dense": kv_cache_bytes(dense, context_length, bytes_per_element),
+            "context_length": context_length}
+
+
+@torch.no_grad()
+def evaluate_routing(model, data, split="val", max_examples=500, batch_size=16):
+    """Answer loss (train.py's val loss, over these examples), answer accuracy (all, and split by whether the
+    answer needs global context), the model's attention FLOPs vs dense (ideal and computed, routing_stats.py)
+    and per routed layer the global fraction, precision and recall of its routing, for the layer ('any' head)
+    and each head.
+
+    A token counts as routed global in a layer when any head of the layer attended globally for it. Precision:
+    of the tokens routed global, the fraction that need it; recall: of the tokens that need it, the fraction
+    routed global. Tokens whose need is unknown (mixed-in real text) count in neither, but in the global
+    fraction. Labels describe the prediction of a target, so they are aligned with the query position that
+    makes it, where the router decides."""
+    if "needs_global" not in data.arrays or "answer" not in data.arrays:
+        raise ValueError(f"{data.data_dir} has no answer/needs_global labels: evaluate on a task written by "
+                         f"data/synthetic/prepare.py")
+    device = next(model.parameters()).device
+    starts = data.starts[split][:max_examples].tolist()
+    answers = torch.zeros(3, 2, dtype=torch.float64)  # rows: within window, needs global, unknown; (correct, all)
+    loss_sum, scored = 0.0, 0  # over the targets that carry loss (y != -1: the answers)
+    counts, stats = {}, []
+    model.eval()
+    with torch.random.fork_rng(devices=rng_devices(model)):  # random routing: the same draws each run
+        torch.manual_seed(0)
+        for i in range(0, len(starts), batch_size):
+            batch = starts[i:i + batch_size]
+            x, y = data.batch(split, batch)
+            targets = data.windows(split, batch, 1)
+            is_answer = data.token_array(split, "answer", batch) == 1
+            labels = data.token_array(split, "needs_global", batch)
+            out = model(x.to(device), y.to(device))
+            stats.append(routing_stats(out, model.config))
+            n_scored = int((y != -1).sum())
+            loss_sum, scored = loss_sum + out.lm_loss.item() * n_scored, scored + n_scored
+            correct = out.logits.argmax(-1).cpu() == targets
+            for row, label in enumerate((0, 1, UNKNOWN_LABEL)):
+                chosen = is_answer & (labels == label)
+                answers[row] += torch.tensor([(correct & chosen).sum(), chosen.sum()])
+            for layer, gates in enumerate(out.gates):
+                if gates is None:
+                    continue
+                gates = gates.cpu()
+                for head, gate in [("any", gates.any(1))] + list(enumerate(gates.unbind(1))):
+                    counts[layer, head] = counts.get((layer, head), 0) + label_counts(gate, labels)
+    total, stats = answers.sum(0), mean_stats(stats)
+    return {
+        "examples": len(starts), "answers": int(total[1]), "answer_loss": loss_sum / scored if scored else math.nan,
+        "accuracy": ratio(total[0], total[1]),
+        "accuracy_within_window": ratio(*answers[0]), "accuracy_needs_global": ratio(*answers[1]),
+        "answers_needs_global": int(answers[1, 1]),
+        "routed_mode": model.config.routed_mode,
+        "attention_flop_frac_ideal": stats["model_ideal_flop_frac"].item(),
+        "attention_flop_frac_computed": stats["model_computed_flop_frac"].item(),
+        "routing": [dict(layer=layer, head=head, **dict(zip(("global_frac", "precision", "recall"), precision_recall(c))))
+                    for (layer, head), c in counts.items()],
+    }
+
+
+def percent(value):
+    return "     -" if value is None or math.isnan(value) else f"{100 * value:5.1f}%"
+
+
+def pct(value):
+    return percent(value).strip()
+
+
+def format_synthetic(report):
+    """The synthetic-task report (evaluate_routing's dict, or its JSON form with None for nan) as lines."""
+    lines = [f"{report['examples']} examples, {report['answers']} answer tokens "
+             f"({report['answers_needs_global']} need context beyond the window)",
+             f"answer loss {math.nan if report['answer_loss'] is None else report['answer_loss']:.4f}",
+             f"answer accuracy {percent(report['accuracy'])}: needs global {percent(report['accuracy_needs_global'])}, "
+             f"within window {percent(report['accuracy_within_window'])}",
+             f"attention FLOPs vs dense: ideal {percent(report['attention_flop_frac_ideal'])}, "
+             f"computed {percent(report['attention_flop_frac_computed'])} (routed_mode {report['routed_mode']})"]
+    if not report["routing"]:
+        return "\n".join(lines + ["no routed layers: nothing to compare with the labels"])
+    lines.append("layer  head  global  precision  recall")
+    for row in report["routing"]:
+        lines.append(f"{row['layer']:5}  {row['head']:>4}  {percent(row['global_frac'])}     "
+                     f"{percent(row['precision'])}  {percent(row['recall'])}")
+    return "\n".join(lines)
+
+
+def data_notes(config, trained_on, meta):
+    """Warnings about evaluating on data the model was not made for: synthetic labels prepared for another
+    window or number of sinks, another task or corpus, another tokenizer."""
+    notes = []
+    if "task" in meta:
+        label_local = (meta.get("window"), meta.get("n_sink", 0))
+        if label_local != (config.window, config.n_sink):
+            notes.append(f"note: the labels are for window {label_local[0]} and {label_local[1]} sinks, the model "
+                         f"has window {config.window} and {config.n_sink} sinks; prepare the task with "
+                         f"--window={config.window} --n_sink={config.n_sink} for matching labels")
+    if (trained_on.get("task"), trained_on.get("source")) != (meta.get("task"), meta.get("source")):
+        notes.append(f"note: the checkpoint was trained on {trained_on.get('task') or trained_on.get('source')}")
+    if trained_on.get("encoding") != meta.get("encoding"):
+        notes.append(f"note: the checkpoint's encoding is {trained_on.get('encoding')}, this corpus' "
+                     f"{meta.get('encoding')}: its loss here means little")
+    return notes
+
+
+def json_ready(value):
+    """nan -> None, recursively, so json.dump writes valid JSON."""
+    if isinstance(value, float):
+        return finite(value)
+    if isinstance(value, dict):
+        return {k: json_ready(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_ready(v) for v in value]
+    return value
+
+
+def evaluate_checkpoint(path, data_dir="", thresholds=DEFAULT_THRESHOLDS, context_length=0,
+                        eval_tokens=DEFAULT_EVAL_TOKENS, batch_size=8, device="cpu", dtype="float32",
+                        router_threshold=None, max_examples=500, log=None):
+    """Everything evaluate.py reports about one checkpoint, as the JSON-ready dict it writes (README:
+    "Evaluating and pruning"). data_dir "": the corpus the checkpoint was trained on. context_length 0: the
+    model's block_size. dtype: the evaluation's precision and the KV cache's element size. log: called with
+    each line worth printing (what was evaluated on what, and warnings)."""
+    check_thresholds(thresholds)
+    if router_threshold is not None:
+        check_thresholds([router_threshold])
+    device = pick_device(device)
+    torch_dtype = pick_dtype(dtype, device)
+    autocast = autocast_context(device, torch_dtype)
+    data_dir = data_dir or trained_data_dir(path)
+    model, trained_on = load_model(path, device, router_threshold)
+    config = model.config
+    data = eval_data(data_dir, config, f"checkpoint {checkpoint_path(path)}")
+    batches = fixed_val_batches(data, eval_tokens, batch_size)
+    n_windows = sum(len(x) for x, _ in batches)
+    context_length = context_length or config.block_size
+    if context_length < 1:
+        raise ValueError(f"context_length={context_length}: give a number of positions >= 1 (0: block_size)")
+    if log:
+        log(f"checkpoint {checkpoint_path(path)}: layers {config.layer_letters}, window {config.window}, "
+            f"{config.n_sink} sinks, threshold {config.router_threshold}; data {data_dir}: "
+            f"{data.meta.get('task') or data.meta.get('encoding')}, {n_windows} windows of {config.block_size} tokens")
+        for note in data_notes(config, trained_on, data.meta):
+            log(note)
+    loss, stats = evaluate_loss(model, batches, autocast)
+    byte_level = data.meta.get("encoding") == "bytes" and "task" not in data.meta
+    result = {
+        "checkpoint": checkpoint_path(path), "run": run_name(path), "layers": config.layer_letters,
+        "model_config": dataclasses.asdict(config), "data_dir": data_dir, "encoding": data.meta.get("encoding"),
+        "eval_tokens": n_windows * config.block_size,
+        "val_loss": loss, "perplexity": math.exp(loss), "bits_per_byte": loss / math.log(2) if byte_level else None,
+        **routing_summary(stats, config.kinds),
+        **kv_cache_summary(config, context_length, torch.finfo(torch_dtype).bits // 8),
+        "threshold_sweep": threshold_sweep(model, batches, thresholds, autocast),
+    }
+    if "task" in data.meta:
+        result["synthetic"] = evaluate_routing(model, data, "val", max_examples, batch_size)
+    return json_ready(result)
+
+
+def format_result(result, dtype="float32"):
+    """The printed summary of one evaluate_checkpoint result (its threshold sweep is in markdown_table)."""
+    r = result
+    score = f"{r['bits_per_byte']:.4f} bits per byte" if r["bits_per_byte"] is not None else \
+        f"perplexity {r['perplexity']:.3f}"
+    lines = [f"val loss {r['val_loss']:.4f} | {score} | {r['eval_tokens']:,} tokens"]
+    if r["global_frac"] is not None:
+        layers = ", ".join(f"{i} {pct(f)}" for i, f in enumerate(r["global_frac_per_layer"]) if f is not None)
+        lines.append(f"global {pct(r['global_frac'])} of the routed decisions (per layer: {layers})")
+    lines.append(f"attention FLOPs vs dense: ideal {pct(r['attention_flop_frac_ideal'])}, computed "
+                 f"{pct(r['attention_flop_frac_computed'])} (routed_mode {r['model_config']['routed_mode']})")
+    lines.append(f"KV cache at {r['context_length']:,} positions ({dtype}): {r['kv_cache_bytes']:,} bytes, "
+                 f"{pct(r['kv_cache_bytes'] / r['kv_cache_bytes_dense'])} of dense "
+                 f"({r['kv_cache_bytes_dense']:,})")
+    if "synthetic" in r:
+        lines.append(format_synthetic(r["synthetic"]))
+    return "\n".join(lines)
+
+
+def human_bytes(n):
+    """1536 -> '1.5 KiB'."""
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+def sweep_table(rows):
+    """A threshold_sweep as a markdown table."""
+    lines = ["| threshold | val loss | global | attn FLOPs ideal / computed |", "|---|---|---|---|"]
+    for row in rows:
+        lines.append(f"| {row['threshold']:g} | {row['val_loss']:.4f} | {pct(row['global_frac'])} | "
+                     f"{pct(row['attention_flop_frac_ideal'])} / {pct(row['attention_flop_frac_computed'])} |")
+    return "\n".join(lines)
+
+
+def markdown_table(results, dtype="float32"):
+    """One row per checkpoint, then a threshold-sweep table per model with learned routers."""
+    lines = ["| run | layers | val loss | ppl / bpb | global | attn FLOPs ideal / computed | "
+             f"KV cache ({dtype}) |", "|---|---|---|---|---|---|---|"]
+    for r in results:
+        score = f"bpb {r['bits_per_byte']:.4f}" if r["bits_per_byte"] is not None else f"ppl {r['perplexity']:.3f}"
+        lines.append(f"| {r['run']} | {r['layers']} | {r['val_loss']:.4f} | {score} | "
+                     f"{pct(r['global_frac'])} | {pct(r['attention_flop_frac_ideal'])} / "
+                     f"{pct(r['attention_flop_frac_computed'])} | {human_bytes(r['kv_cache_bytes'])} at "
+                     f"{r['context_length']} ({pct(r['kv_cache_bytes'] / r['kv_cache_bytes_dense'])} "
+                     f"of dense) |")
+    for r in results:
+        if r["threshold_sweep"]:
+            lines += ["", f"Threshold sweep of {r['run']} (trained at {r['model_config']['router_threshold']:g}):",
+                      "", sweep_table(r["threshold_sweep"])]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,297 @@
+"""TensorBoard logging of a training run (rank 0 only): scalars, and at every evaluation where routing went.
+
+Tags:
+- scalars: whatever train.py logs (train/..., train_routing/...), val/loss and val_routing/... at each eval;
+  per-head global fractions as {prefix}_heads_layer{l}/head{h} (one section per layer), and a Custom Scalars
+  layout with one chart per routed layer holding its heads;
+- histograms router_p/layer{l}: the router probabilities of every (batch, head, position) decision of the first
+  val batch, per layer with a learned router;
+- images val_routing/global_frac_heatmap (layer x head), val_routing/head_usage_sorted (every routed head, most
+  global first) and val_routing/snippet (a fixed val snippet, each token shaded by how many routed heads went
+  global);
+- text val/sample: a greedy continuation of the snippet's first tokens;
+- hparams (HParams tab): the run's config and the final val metrics, in the run's own folder.
+
+The drawing functions take plain numbers and return matplotlib figures (no pyplot: no global state, no display).
+"""
+import math
+import re
+from contextlib import nullcontext
+
+import matplotlib
+import numpy as np
+import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import PowerNorm
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator, PercentFormatter
+
+from data.tokens import codec
+from routing_stats import global_heads_per_token, tensorboard_scalars
+
+SNIPPET_TOKENS = 200      # tokens of the first val window shown with their routing
+SAMPLE_PROMPT_TOKENS = 32  # the greedy sample continues this many of the snippet's first tokens ...
+SAMPLE_NEW_TOKENS = 100    # ... by this many
+SNIPPET_COLUMNS = 100      # characters per line of the snippet image
+P_BIN_EDGES = np.linspace(0.0, 1.0, 51)  # fixed histogram bins, so steps and runs compare
+KIND_LABEL = {"dense": "dense: every token global", "local": "local: window only"}
+
+
+def group_head_tags(values):
+    """routing_stats' per-head tags {prefix}_heads/layer{l}_head{h} as {prefix}_heads_layer{l}/head{h}, so each
+    layer is one section of the Scalars tab (a 12 x 12 model gets 12 sections, not one of 144 cards)."""
+    return {re.sub(r"_heads/layer(\d+)_head(\d+)$", r"_heads_layer\1/head\2", tag): v for tag, v in values.items()}
+
+
+def custom_scalars_layout(prefixes, kinds):
+    """Custom Scalars tab: per prefix, one multiline chart per routed layer with all its heads' global fraction."""
+    return {f"{prefix}: global fraction per head": {
+        f"layer {layer}": ["Multiline", [rf"{prefix}_heads_layer{layer}/head\d+"]]
+        for layer, kind in enumerate(kinds) if kind == "routed"} for prefix in prefixes}
+
+
+def percent(frac):
+    """A short percentage label: 100%, 37%, 4.2%, 0%."""
+    return f"{100 * frac:.0f}%" if frac >= 0.1 or frac == 0 else f"{100 * frac:.1f}%"
+
+
+def as_array(global_frac):
+    return np.asarray(torch.as_tensor(global_frac, dtype=torch.float32).cpu(), dtype=float)
+
+
+def heatmap_figure(global_frac, kinds):
+    """Layer x head heatmap of global fractions (L, H), each routed cell annotated with its percentage; dense and
+    local layers are grey rows that say what they are."""
+    frac = as_array(global_frac)
+    n_layer, n_head = frac.shape
+    routed = np.array([kind == "routed" for kind in kinds])
+    shown = np.ma.masked_array(frac, mask=~routed[:, None] | np.isnan(frac))
+    fig = Figure(figsize=(2.4 + 0.6 * n_head, 1.1 + 0.45 * n_layer), dpi=100)
+    ax = fig.add_subplot()
+    cmap = matplotlib.colormaps["viridis"].with_extremes(bad="#dddddd")
+    # square-root colour scale: most heads are rarely global, and 1% vs 10% should look different
+    image = ax.imshow(shown, cmap=cmap, norm=PowerNorm(0.5, vmin=0.0, vmax=1.0), aspect="auto")
+    for layer in range(n_layer):
+        if not routed[layer]:
+            ax.text((n_head - 1) / 2, layer, KIND_LABEL.get(kinds[layer], kinds[layer]), ha="center", va="center",
+                    fontsize=10, color="#444444")
+            continue
+        for head in range(n_head):
+            if not math.isnan(frac[layer, head]):
+                ax.text(head, layer, percent(frac[layer, head]), ha="center", va="center", fontsize=9,
+                        color="black" if frac[layer, head] > 0.4 else "white")
+    ax.set_xticks(range(n_head), [f"h{h}" for h in range(n_head)], fontsize=9)
+    ax.set_yticks(range(n_layer), [f"layer {i} {kind[0].upper()}" for i, kind in enumerate(kinds)], fontsize=9)
+    ax.tick_params(length=0)
+    mean = frac[routed].mean() if routed.any() else math.nan
+    ax.set_title(f"global fraction per layer and head (routed: {percent(mean)})" if routed.any()
+                 else "global fraction per layer and head", fontsize=10)
+    bar = fig.colorbar(image, ax=ax, fraction=0.05, pad=0.03)
+    bar.set_ticks([0, 0.02, 0.1, 0.25, 0.5, 0.75, 1])  # about evenly spaced on the square-root scale
+    bar.ax.tick_params(labelsize=8)
+    bar.ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
+    fig.tight_layout()
+    return fig
+
+
+def head_usage_figure(global_frac, kinds):
+    """Every routed head's global fraction, most global first (the long tail); None without routed layers."""
+    frac = as_array(global_frac)
+    heads = [(frac[layer, head], f"L{layer}H{head}") for layer, kind in enumerate(kinds) if kind == "routed"
+             for head in range(frac.shape[1])]
+    if not heads:
+        return None
+    heads.sort(key=lambda item: -item[0])
+    values = [v for v, _ in heads]
+    fig = Figure(figsize=(min(12.0, max(5.0, 2.5 + 0.16 * len(heads))), 3.2), dpi=100)
+    ax = fig.add_subplot()
+    ax.bar(range(len(values)), values, width=0.85, color="#3b6fb6")
+    mean = float(np.mean(values))
+    ax.axhline(mean, color="#d62728", linestyle="--", linewidth=1, label=f"mean {percent(mean)}")
+    if len(heads) <= 48:
+        ax.set_xticks(range(len(heads)), [name for _, name in heads], rotation=90, fontsize=7)
+    else:
+        ax.set_xlabel("routed heads, most global first", fontsize=9)
+    ax.set_ylim(0, max(0.05, 1.1 * max(values)))
+    ax.yaxis.set_major_locator(MaxNLocator(nbins=6, steps=[1, 2, 5, 10]))  # whole percents: the axis is >= 5%
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
+    ax.set_xlim(-0.6, len(values) - 0.4)
+    ax.tick_params(axis="y", labelsize=8)
+    ax.set_ylabel("global fraction", fontsize=9)
+    ax.set_title(f"per-head global fraction, sorted ({len(heads)} routed heads)", fontsize=10)
+    ax.legend(fontsize=8, loc="upper right")
+    fig.tight_layout()
+    return fig
+
+
+def layout_tokens(pieces, columns):
+    """The snippet as a character grid: (rows of text, token index per character cell, -1 where empty). A newline
+    is drawn as a visible return sign and ends the row, a tab as four spaces, other control characters as a
+    middle dot; rows wrap at `columns`."""
+    rows, owners = [[]], [[]]
+    for index, piece in enumerate(pieces):
+        for char in piece.replace("\t", "    "):
+            if len(rows[-1]) == columns:
+                rows.append([]), owners.append([])
+            rows[-1].append("\u21b5" if char == "\n" else char if char.isprintable() else "\u00b7")
+            owners[-1].append(index)
+            if char == "\n":
+                rows.append([]), owners.append([])
+    if not rows[-1] and len(rows) > 1:
+        rows.pop(), owners.pop()
+    width = max(len(row) for row in rows)
+    grid = np.full((len(rows), max(width, 1)), -1)
+    for r, row_owners in enumerate(owners):
+        grid[r, :len(row_owners)] = row_owners
+    return ["".join(row) for row in rows], grid
+
+
+def mono_char_width(font_pt, dpi):
+    """Width in inches of one DejaVu Sans Mono character as Agg draws it (advances are rounded to whole
+    pixels), so a row of text lines up with a grid of cells."""
+    fig = Figure(dpi=dpi)
+    text = fig.text(0, 0, "M" * 100, fontsize=font_pt, family="DejaVu Sans Mono")
+    return text.get_window_extent(FigureCanvasAgg(fig).get_renderer()).width / 100 / dpi
+
+
+def snippet_figure(pieces, counts, max_count, columns=SNIPPET_COLUMNS):
+    """The snippet as text, each token's background from blue (no routed head went global) to red (all
+    max_count did); pieces are the decoded tokens, counts their number of global (layer, head) pairs."""
+    lines, owner = layout_tokens(pieces, columns)
+    n_rows, width = owner.shape
+    font_pt, dpi = 10, 100
+    cell_w, cell_h = mono_char_width(font_pt, dpi), 1.6 * font_pt / 72  # inches: one character
+    margin, top, bottom = 0.25, 0.55, 0.85
+    fig_w, fig_h = max(6.0, 2 * margin + cell_w * width), top + cell_h * n_rows + bottom
+    fig = Figure(figsize=(fig_w, fig_h), dpi=dpi)
+    ax = fig.add_axes((margin / fig_w, bottom / fig_h, cell_w * width / fig_w, cell_h * n_rows / fig_h))
+    cmap = matplotlib.colormaps["RdYlBu_r"]
+    level = np.asarray(counts, dtype=float)[owner.clip(min=0)] / max(max_count, 1)
+    colours = cmap(level)
+    colours[owner < 0] = (1.0, 1.0, 1.0, 1.0)
+    ax.imshow(colours, aspect="auto", interpolation="nearest", extent=(0, width, n_rows, 0))
+    dark = (0.299 * colours[..., 0] + 0.587 * colours[..., 1] + 0.114 * colours[..., 2]) < 0.5
+    for r, line in enumerate(lines):  # one text per row and text colour: dark letters on light cells, white on dark
+        for is_dark, colour in ((False, "black"), (True, "white")):
+            shown = "".join(c if dark[r, i] == is_dark else " " for i, c in enumerate(line))
+            if shown.strip():
+                ax.text(0, r + 0.5, shown, ha="left", va="center_baseline", fontsize=font_pt,
+                        family="DejaVu Sans Mono", color=colour)
+    ax.hlines(range(1, n_rows), 0, width, color="white", linewidth=1.5)  # rows apart
+    ax.set_xlim(0, width)
+    ax.set_ylim(n_rows, 0)
+    ax.axis("off")
+    share = sum(counts) / (len(counts) * max_count) if len(counts) and max_count else 0.0
+    title = (f"val snippet, {len(pieces)} tokens: background = routed heads that went global per token\n"
+             f"(of {max_count}; {percent(share)} overall)")
+    fig.text(margin / fig_w, 1 - 0.08 / fig_h, title, fontsize=10, va="top", linespacing=1.3)
+    bar_ax = fig.add_axes((margin / fig_w, 0.45 / fig_h, 3.0 / fig_w, 0.12 / fig_h))
+    bar = fig.colorbar(matplotlib.cm.ScalarMappable(matplotlib.colors.Normalize(0, max_count), cmap), cax=bar_ax,
+                       orientation="horizontal")
+    bar.ax.tick_params(labelsize=8)
+    bar.set_label("routed heads global (blue: all local, red: all global)", fontsize=8)
+    return fig
+
+
+def figure_to_array(fig):
+    """(H, W, 3) uint8 pixels of a figure, rendered with Agg."""
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    return np.asarray(canvas.buffer_rgba())[..., :3].copy()
+
+
+def token_pieces(ids, meta):
+    """Each token as text, decoded the way sample.py does (synthetic task tokens are numbers: space them)."""
+    _, decode = codec(meta["encoding"], meta.get("chars"))
+    space = " " if meta["encoding"] == "synthetic" else ""
+    return [decode([t]) + space for t in ids], decode
+
+
+def code_block(text):
+    """Markdown code block (indented, so any text renders verbatim in the Text tab)."""
+    return "\n".join("    " + line for line in text.split("\n"))
+
+
+def hparam_values(config):
+    """The scalar entries of a flat config dict (HParams takes numbers, strings and booleans)."""
+    return {k: v for k, v in config.items() if isinstance(v, (bool, int, float, str))}
+
+
+class Logger:
+    """Writes the run's TensorBoard events to log_dir; does nothing unless enabled (rank 0, tensorboard=True)."""
+
+    def __init__(self, log_dir, enabled):
+        self.writer, self.prefixes, self.final = None, [], {}
+        if enabled:
+            from torch.utils.tensorboard import SummaryWriter
+            self.writer = SummaryWriter(log_dir)
+
+    def scalars(self, step, values):
+        if self.writer:
+            for name, value in values.items():
+                self.writer.add_scalar(name, value, step)
+
+    def routing(self, step, prefix, stats, kinds):
+        """routing_stats' scalars, per-head ones grouped by layer; returns them (as routing_stats names them)."""
+        if not self.writer:
+            return {}
+        if prefix not in self.prefixes:  # the layout lists every prefix seen; the newest layout is the one shown
+            self.prefixes.append(prefix)
+            self.writer.add_custom_scalars(custom_scalars_layout(self.prefixes, kinds))
+        values = tensorboard_scalars(prefix, stats, kinds)
+        self.scalars(step, group_head_tags(values))
+        return values
+
+    def image(self, tag, fig, step):
+        if fig is not None:
+            self.writer.add_image(tag, figure_to_array(fig), step, dataformats="HWC")
+
+    def evaluation(self, step, val_loss, stats, model, x, meta, autocast=nullcontext()):
+        """Everything logged at an evaluation: val/loss and val_routing scalars, the heatmap and long-tail images,
+        router-p histograms, the snippet and a greedy sample. x: (B, T) val tokens, the same at every eval (its
+        first row is the snippet); model: the bare model (not DDP/compiled). Runs on a forked, fixed RNG so
+        random routing neither changes training nor varies between evals."""
+        if not self.writer:
+            return
+        kinds = model.config.kinds
+        self.scalars(step, {"val/loss": val_loss})
+        routing = self.routing(step, "val_routing", stats, kinds)
+        # the final metrics for hparams: val loss and the model-level routing numbers (global fraction, FLOPs)
+        self.final = {"val/loss": val_loss, **{k: v for k, v in routing.items() if k.startswith("val_routing/")}}
+        n_global = sum(kind == "routed" for kind in kinds) * model.config.n_head
+        if n_global:
+            self.image("val_routing/global_frac_heatmap", heatmap_figure(stats["global_frac"], kinds), step)
+            self.image("val_routing/head_usage_sorted", head_usage_figure(stats["global_frac"], kinds), step)
+        was_training = model.training
+        model.eval()
+        with torch.no_grad(), torch.random.fork_rng(devices=[x.device] if x.device.type == "cuda" else []):
+            torch.manual_seed(0)
+            with autocast:
+                out = model(x)
+            prompt = x[:1, :min(SAMPLE_PROMPT_TOKENS, x.shape[1])]
+            sample = model.generate(prompt, SAMPLE_NEW_TOKENS, temperature=0.0)[0, prompt.shape[1]:]
+        model.train(was_training)
+        for layer, p in enumerate(out.probs):
+            if p is not None:
+                self.writer.add_histogram(f"router_p/layer{layer}", p.float().flatten().cpu(), step, bins=P_BIN_EDGES)
+        snippet = x[0, :SNIPPET_TOKENS].tolist()
+        pieces, decode = token_pieces(snippet, meta)
+        if n_global:
+            counts = global_heads_per_token(out)[0, :len(snippet)].tolist()
+            self.image("val_routing/snippet", snippet_figure(pieces, counts, n_global), step)
+        self.writer.add_text("val/sample", f"**prompt** ({prompt.shape[1]} val tokens)\n\n"
+                             f"{code_block(decode(prompt[0].tolist()))}\n\n**greedy continuation** "
+                             f"({len(sample)} tokens)\n\n{code_block(decode(sample.tolist()))}", step)
+
+    def hparams(self, config):
+        """The run's config (scalar entries) and its latest evaluation's metrics in the HParams tab, written into
+        this run's own event file (add_hparams would make a second run folder), so each run is listed once."""
+        if not self.writer or not self.final:
+            return
+        from torch.utils.tensorboard.summary import hparams
+        for summary in hparams(hparam_values(config), self.final):  # metrics: scalar tags this run already logs
+            self.writer.file_writer.add_summary(summary)
+
+    def close(self):
+        if self.writer:
+            self.writer.close()
