@@ -3,7 +3,7 @@
     python train.py configs/quickstart.py [--key=value ...]              # one CPU or GPU
     torchrun --standalone --nproc_per_node=8 train.py configs/NAME.py     # DDP
 
-Every setting is a field of TrainConfig below or of model.GPTConfig.
+Every setting is a field of train_config.TrainConfig or of model.GPTConfig.
 """
 import json
 import math
@@ -11,7 +11,7 @@ import os
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import torch
 import torch.distributed as dist
@@ -25,49 +25,7 @@ from device import autocast_context, pick_device, pick_dtype
 from model import GPT, RUNTIME_KEYS, GPTConfig
 from routing_stats import format_routing, mean_stats, routing_stats, warn_collapse
 from tensorboard_log import Logger
-
-
-@dataclass
-class TrainConfig:
-    out_dir: str = "out"
-    dataset: str = "python_stdlib"       # reads data/<dataset>/ unless data_dir is set
-    data_dir: str = ""
-    doc_aligned_windows: bool = False    # training and val windows start at a document start (data/loader.py)
-    init_from: str = "scratch"           # 'scratch', 'resume' (from out_dir), or a checkpoint path to fine-tune
-    trainable: str = "all"               # 'all', or 'router': only the routers learn (the rest stays frozen)
-    batch_size: int = 4
-    grad_accum: int = 1
-    max_iters: int = 750
-    learning_rate: float = 1e-3
-    min_lr: float = 1e-4
-    warmup_iters: int = 50
-    lr_decay_iters: int = 0              # 0: decay over max_iters
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = 1.0               # 0: no clipping
-    router_lambda: float = 0.01          # weight of the L1 router penalty (mean router probability)
-    router_lambda_start: int = 0         # penalty is zero before this step ...
-    router_lambda_ramp: int = 200        # ... then ramps linearly to router_lambda over this many steps
-    router_budget: float = 0.0           # no penalty on a routed layer whose mean router probability is below this
-    router_target_global: float = 0.0    # > 0: lambda adapts so the routed global fraction approaches this
-    router_target_per_layer: bool = False  # ... each routed layer on its own (else the mean over routed layers)
-    router_target_rate: float = 0.05     # how fast lambda adapts (LambdaController) ...
-    router_lambda_max: float = 1.0       # ... within +- this: a lambda that dominates the LM loss would also
-                                         # dominate the clipped gradient norm
-    sparse_from_iter: int = 0            # with routed_mode='sparse': exact mode before this step
-    p_dense: float = 0.0                 # probability that a step runs every routed head globally
-    collapse_frac: float = 0.005         # warn when a routed layer's global fraction falls below this
-    eval_interval: int = 250
-    eval_iters: int = 20
-    log_interval: int = 10
-    save_checkpoint: bool = True
-    tensorboard: bool = True
-    device: str = "auto"                 # 'auto', 'cpu', 'cuda', 'cuda:1', 'mps'
-    dtype: str = "auto"                  # 'auto' (bf16 on CUDA, else fp32), 'float32', 'bfloat16', 'float16'
-    compile: bool = False
-    seed: int = 1337
-    progress_bar: bool = True
+from train_config import TrainConfig, check_config
 
 
 def lr_at(it, cfg):
@@ -118,21 +76,6 @@ class LambdaController:
 
     def weights(self, n_layers):
         return self.lam if self.per_layer else self.lam.expand(n_layers)
-
-
-def check_config(tcfg, mcfg):
-    """Combinations of keys that cannot work, with what to change."""
-    if tcfg.trainable not in ("all", "router"):
-        raise ValueError(f"trainable={tcfg.trainable!r}: use 'all' or 'router'")
-    learned = mcfg.routing == "learned" and "R" in mcfg.layer_letters
-    if tcfg.trainable == "router" and not learned:
-        raise ValueError("trainable='router' needs learned routers: a schedule with R and routing='learned'")
-    if not 0.0 <= tcfg.router_target_global <= 1.0:
-        raise ValueError(f"router_target_global={tcfg.router_target_global} must be a global fraction in [0, 1]")
-    if tcfg.router_target_global > 0 and not learned:
-        raise ValueError("router_target_global needs learned routers: a schedule with R and routing='learned'")
-    if tcfg.sparse_from_iter > 0 and mcfg.routed_mode != "sparse":
-        raise ValueError("sparse_from_iter switches exact -> sparse: set routed_mode='sparse' with it")
 
 
 def write_json(path, obj):

@@ -1,0 +1,140 @@
+"""Run a grid of trainings and compare them at equal budget: one command from grid file to record.
+
+    python compare.py configs/grids/NAME.py [--jobs=2] [--out=out/grids] [--record_dir=results] [--dry_run]
+
+Trains every run of the grid file at every seed as train.py would (one process each, one thread each, --jobs
+at a time; each writes OUT/NAME/RUN__seed_S/train.log and TensorBoard events), skips complete runs, resumes
+interrupted ones, evaluates each checkpoint with evaluate.py, and writes the record RECORD_DIR/<date>_NAME/:
+README.md (question, command, budget, table, final log lines), table.md, the grid file and the plots.
+--dry_run prints the plan: each run's command and whether it will be trained, resumed or skipped.
+Exit code 0 only when every run of the grid finished and was evaluated. The grid file format: grid.py.
+"""
+import os
+import platform
+import shlex
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+
+import plots
+from configurator import parse_args_or_exit
+from grid import (GridError, describe, launches, load_grid, plan, results_table, rows_of, run_jobs, train_state,
+                  window_groups)
+
+
+@dataclass
+class CompareConfig:
+    jobs: int = 1                 # trainings at a time (each one thread)
+    out: str = "out/grids"        # runs train in OUT/<grid>/<run>__seed_<seed>
+    record_dir: str = "results"   # the record goes to RECORD_DIR/<date>_<grid>/
+    dry_run: bool = False         # print the plan, run nothing
+
+
+def log_tail(path, n=3):
+    """The last n non-empty lines of a log."""
+    try:
+        with open(path) as f:
+            lines = [line.rstrip() for line in f if line.strip()]
+    except FileNotFoundError:
+        return ["(no train.log)"]
+    return lines[-n:]
+
+
+def budget_lines(grid, jobs, cfg, elapsed):
+    """The record's budget: trainings, steps, tokens, and the process hours the runs took."""
+    tokens = sum(j.tcfg.max_iters * j.tcfg.batch_size * j.tcfg.grad_accum * j.mcfg.block_size for j in jobs)
+    wall = {step: sum(run["wall_s"] for j in jobs for run in launches(j.out_dir) if run["step"] == step)
+            for step in ("train", "evaluate")}
+    steps = sorted({j.tcfg.max_iters for j in jobs})
+    return [f"- {len(grid.runs)} runs, {len(jobs)} trainings (seeds {', '.join(map(str, grid.seeds))}"
+            f"{'; some runs set their own' if any(s != grid.seeds for s in grid.run_seeds.values()) else ''}); "
+            f"steps per run: {', '.join(map(str, steps))}; {tokens / 1e6:.1f}M training tokens in all.",
+            f"- Process time: training {wall['train'] / 3600:.2f} h, evaluation {wall['evaluate'] / 3600:.2f} h "
+            f"(summed over every process the runner started for these runs, earlier invocations included); "
+            f"this invocation: {elapsed / 3600:.2f} h wall with --jobs={cfg.jobs}.",
+            f"- Machine: {platform.machine()}, {os.cpu_count()} CPU cores, one thread per process "
+            f"(OMP_NUM_THREADS=1); Python {platform.python_version()}."]
+
+
+def write_record(grid, jobs, rows, table, cfg, argv, elapsed):
+    """RECORD_DIR/<date>_<grid>/ with README.md, table.md, the grid file and the plots; returns its path."""
+    record = os.path.join(cfg.record_dir, f"{time.strftime('%Y-%m-%d')}_{grid.name}")
+    os.makedirs(record, exist_ok=True)
+    with open(os.path.join(record, "table.md"), "w") as f:
+        f.write(table)
+    shutil.copyfile(grid.path, os.path.join(record, os.path.basename(grid.path)))
+    plots.pareto(os.path.join(record, "pareto.png"), rows)
+    by_name = {row.run: row for row in rows}
+    plots.window(os.path.join(record, "window.png"),
+                 [[(w, by_name[run]) for w, run in group] for group in window_groups(jobs)])
+    plots.val_curves(os.path.join(record, "val_curves.png"),
+                     [(row.run, row.results[0]["val_history"]) for row in rows])
+    heatmaps = []
+    for row in rows:
+        first = row.results[0]
+        if row.kind == "routed" and first["per_head"]:
+            name = f"heatmap_{row.run}.png"
+            plots.heatmap(os.path.join(record, name), f"{row.run} seed {first['seed']}", first["per_head"], row.layers)
+            heatmaps.append(name)
+    command = shlex.join(["python", "compare.py", *argv])
+    lines = [f"# Grid {grid.name}", "", f"Date: {time.strftime('%Y-%m-%d')}. Written by compare.py.", "",
+             "## Question", "", grid.doc or "(the grid file has no docstring)", "",
+             "## Command", "", "```bash", command, "```", "",
+             f"Grid file: [{os.path.basename(grid.path)}]({os.path.basename(grid.path)}) (a copy). Each run trains "
+             f"in `{os.path.join(cfg.out, grid.name)}/RUN__seed_S/` (train.log, TensorBoard events under tb/, "
+             f"ckpt.pt, train_summary.json, eval.json).", "",
+             "## Budget", "", *budget_lines(grid, jobs, cfg, elapsed), "",
+             "## Results", "", "[table.md](table.md):", "", table, "",
+             "## Plots", "",
+             "![val loss against attention FLOPs](pareto.png)", "",
+             "![global fraction against window](window.png)", "",
+             "![val loss curves](val_curves.png)", "",
+             *[f"![{name}]({name})" for name in heatmaps], "",
+             "## Final log lines", ""]
+    for job in jobs:
+        lines += [f"{job.label}:", "", "```text", *log_tail(os.path.join(job.out_dir, "train.log")), "```", ""]
+    with open(os.path.join(record, "README.md"), "w") as f:
+        f.write("\n".join(lines))
+    return record
+
+
+def main(argv):
+    paths = [arg for arg in argv if not arg.startswith("--")]
+    (cfg,) = parse_args_or_exit([arg for arg in argv if arg.startswith("--")], CompareConfig)
+    if len(paths) != 1:
+        sys.exit("name one grid file: python compare.py configs/grids/NAME.py [--jobs=2] [--dry_run]")
+    if cfg.jobs < 1:
+        sys.exit(f"--jobs={cfg.jobs}: run at least one training at a time")
+    try:
+        grid = load_grid(paths[0])
+        jobs = plan(grid, cfg.out)
+        if cfg.dry_run:
+            print(f"grid {grid.name}: {len(grid.runs)} runs, {len(jobs)} trainings, {cfg.jobs} at a time, "
+                  f"in {os.path.join(cfg.out, grid.name)}")
+            for job in jobs:
+                print(describe(job, grid, cfg.out))
+            return 0
+        for job in jobs:
+            train_state(job, grid, cfg.out)  # refuses run folders trained with another command, before any run
+        started = time.time()
+        status = run_jobs(jobs, grid, cfg.out, cfg.jobs)
+    except GridError as e:
+        sys.exit(f"grid error: {e}")
+    except KeyboardInterrupt:
+        sys.exit("interrupted: run the same command again to resume (complete runs are skipped)")
+    rows = rows_of(jobs, status)
+    table = results_table(rows, grid.references)
+    record = write_record(grid, jobs, rows, table, cfg, argv, time.time() - started)
+    print(table)
+    print(f"record: {record}")
+    unfinished = [job.label for job in jobs if status.get(job.key) != "ok"]
+    if unfinished:
+        print(f"grid incomplete: {len(unfinished)} of {len(jobs)} trainings did not finish ({', '.join(unfinished)})",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

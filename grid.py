@@ -1,0 +1,669 @@
+"""Grids of training runs: the grid file, the plan (commands in dependency order, skip or resume), running it
+with a job limit, and the results table (mean and range over seeds, ties, gap recovery). compare.py runs it.
+
+A grid file (configs/grids/NAME.py) is plain Python; its docstring says what question the grid answers:
+
+    base = ["configs/quickstart.py"]            # config files every run starts from, in order
+    common = {"n_layer": 6, "max_iters": 600}   # overrides for every run
+    seeds = [1, 2]
+    runs = {                                    # name -> overrides; one training per run and seed
+        "dense": {"schedule": "G"},
+        "routed": {"schedule": "R"},
+        "random": {"schedule": "R", "routing": "random", "random_global_q": "matched:routed"},
+        "dense_half": {"schedule": "G", "max_iters": 300},
+        "finetuned": {"schedule": "R", "max_iters": 300, "init_from": "run:dense_half"},
+    }
+    references = {"local": "local", "dense": "dense"}   # optional: the rows of gap recovery (default: so named)
+    evaluate = {"eval_tokens": 65536}                   # optional: evaluate.py options for every run
+
+"run:NAME" (init_from) is the checkpoint of run NAME with the same seed; "matched:NAME" (random_global_q) the
+per-layer global fractions of NAME's evaluation, same seed. Either makes NAME run first. A run's "seeds" key
+replaces the grid's seeds for that run. Run NAME at seed S trains in OUT/GRID/NAME__seed_S.
+"""
+import ast
+import dataclasses
+import difflib
+import json
+import math
+import os
+import shlex
+import subprocess
+import sys
+import time
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+from configurator import ConfigError, parse_args, read_config_file
+from model import GPTConfig
+from train_config import TrainConfig
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+TRAIN_PY, EVALUATE_PY = os.path.join(ROOT, "train.py"), os.path.join(ROOT, "evaluate.py")
+GRID_KEYS = {"base", "common", "seeds", "runs", "references", "evaluate"}
+RUNNER_KEYS = {"out_dir", "seed"}  # the runner sets these for each run
+SPECIAL = {"run:": "init_from", "matched:": "random_global_q"}  # prefix -> the one key it may be given to
+KEEP_TRAINING_KEYS = {"max_iters"}  # may change between launches of a run: resuming continues to the new value
+
+
+class GridError(ValueError):
+    pass
+
+
+@dataclasses.dataclass
+class Grid:
+    name: str
+    path: str
+    doc: str
+    base: list
+    common: dict
+    seeds: list
+    runs: dict            # name -> overrides (with "run:" / "matched:" values unresolved)
+    run_seeds: dict       # name -> seeds of that run
+    references: dict      # {"local": run name, "dense": run name}, either may be missing
+    evaluate: dict        # evaluate.py options
+
+
+@dataclasses.dataclass
+class Job:
+    """One training of one run at one seed, and its evaluation."""
+    run: str
+    seed: int
+    out_dir: str
+    overrides: dict       # common + the run's, special values unresolved
+    deps: list            # (run, seed) of the jobs that must finish first
+    tcfg: object          # the configs as train.py will see them (special values as placeholders)
+    mcfg: GPTConfig
+
+    @property
+    def key(self):
+        return (self.run, self.seed)
+
+    @property
+    def label(self):
+        return f"{self.run} seed {self.seed}"
+
+    @property
+    def kind(self):
+        """'fixed' (no routed layer), 'random' or 'routed' (learned routers): how the table and plots show it."""
+        if "R" not in self.mcfg.layer_letters:
+            return "fixed"
+        return "random" if self.mcfg.routing == "random" else "routed"
+
+
+# ---------------------------------------------------------------------------------------------- grid files
+
+def train_schemas():
+    """The schemas train.py parses its arguments with."""
+    return TrainConfig, GPTConfig
+
+
+def grid_doc(source):
+    """The grid file's docstring, else its leading comment lines."""
+    try:
+        doc = ast.get_docstring(ast.parse(source))
+    except SyntaxError:
+        doc = None
+    if doc:
+        return doc.strip()
+    lines = []
+    for line in source.splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line[1:].strip())
+    return "\n".join(lines).strip()
+
+
+def load_grid(path):
+    """Read and check a grid file; every problem is a GridError with a one-line message."""
+    if not os.path.isfile(path):
+        raise GridError(f"grid file {path!r} does not exist; grids live in configs/grids/NAME.py")
+    with open(path) as f:
+        source = f.read()
+    namespace = {}
+    try:
+        exec(compile(source, path, "exec"), namespace)
+    except Exception as e:
+        raise GridError(f"grid file {path} does not run: {type(e).__name__}: {e}") from None
+    values = {k: v for k, v in namespace.items() if not k.startswith("_") and k in GRID_KEYS}
+    unknown = sorted(k for k, v in namespace.items() if not k.startswith("_") and k not in GRID_KEYS
+                     and not callable(v) and type(v).__name__ != "module")
+    if unknown:
+        raise GridError(f"{path}: unknown grid setting(s) {', '.join(unknown)}; a grid file sets "
+                        f"{', '.join(sorted(GRID_KEYS))} (names starting with _ are private)")
+    base, common, seeds, runs = (values.get(k) for k in ("base", "common", "seeds", "runs"))
+    common = {} if common is None else common
+    if isinstance(base, str):
+        base = [base]
+    if not isinstance(base, list) or not all(isinstance(b, str) and b.endswith(".py") for b in base):
+        raise GridError(f"{path}: base must be a list of config files (e.g. base = ['configs/quickstart.py'])")
+    if not isinstance(common, dict):
+        raise GridError(f"{path}: common must be a dict of overrides, got {type(common).__name__}")
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) for s in seeds):
+        raise GridError(f"{path}: seeds must be a non-empty list of ints (e.g. seeds = [1, 2])")
+    if not isinstance(runs, dict) or not runs or not all(isinstance(v, dict) for v in runs.values()):
+        raise GridError(f"{path}: runs must be a non-empty dict of run name -> dict of overrides")
+    run_seeds = {}
+    for name, overrides in runs.items():
+        if not isinstance(name, str) or not name or "__seed_" in name or not name.replace("_", "").replace(
+                "-", "").isalnum():
+            raise GridError(f"{path}: run name {name!r}: use letters, digits, _ and - (and not '__seed_')")
+        own = overrides.get("seeds", seeds)
+        if not isinstance(own, list) or not own or not all(isinstance(s, int) for s in own):
+            raise GridError(f"{path}: run {name}: seeds must be a non-empty list of ints")
+        run_seeds[name] = own
+    runs = {name: {k: v for k, v in o.items() if k != "seeds"} for name, o in runs.items()}
+    for name, overrides in [("common", common), *runs.items()]:
+        for key, value in overrides.items():
+            check_override(path, name, key, value, runs)
+    references = values.get("references") or {}
+    if not isinstance(references, dict) or set(references) - {"local", "dense"}:
+        raise GridError(f"{path}: references must be a dict with keys 'local' and/or 'dense' naming runs")
+    for role in ("local", "dense"):
+        if role in references and references[role] not in runs:
+            raise GridError(f"{path}: references[{role!r}] = {references[role]!r} is not a run; runs: "
+                            f"{', '.join(runs)}")
+        if role not in references and role in runs:
+            references[role] = role
+    evaluate = values.get("evaluate") or {}
+    if not isinstance(evaluate, dict):
+        raise GridError(f"{path}: evaluate must be a dict of evaluate.py options (e.g. {{'eval_tokens': 65536}})")
+    grid = Grid(os.path.splitext(os.path.basename(path))[0], path, grid_doc(source), base, common, seeds, runs,
+                run_seeds, references, evaluate)
+    run_order(grid)  # reports cycles
+    return grid
+
+
+def check_override(path, run, key, value, runs):
+    if key in RUNNER_KEYS:
+        raise GridError(f"{path}: {run} sets {key}, which the runner sets for every run (--out, seeds); remove it")
+    if isinstance(value, str):
+        for prefix, allowed in SPECIAL.items():
+            if value.startswith(prefix):
+                if key != allowed:
+                    raise GridError(f"{path}: {run}: {key}={value!r}: '{prefix}NAME' is a value of {allowed} only")
+                target = value[len(prefix):]
+                if target not in runs:
+                    close = difflib.get_close_matches(target, runs, n=1)
+                    hint = f"; did you mean {close[0]}?" if close else f"; runs: {', '.join(runs)}"
+                    raise GridError(f"{path}: {run}: {key}={value!r} names no run of the grid{hint}")
+                if run == "common":
+                    raise GridError(f"{path}: common sets {key}={value!r}: give it to the runs that need it")
+
+
+def dependencies(overrides):
+    """Runs named by "run:" and "matched:" values."""
+    found = []
+    for value in overrides.values():
+        for prefix in SPECIAL:
+            if isinstance(value, str) and value.startswith(prefix):
+                found.append(value[len(prefix):])
+    return found
+
+
+def run_order(grid):
+    """Run names, each after the runs it depends on, otherwise in the grid file's order."""
+    order, state = [], {}  # state: 'visiting' | 'done'
+
+    def visit(name, path):
+        if state.get(name) == "done":
+            return
+        if state.get(name) == "visiting":
+            cycle = path[path.index(name):] + [name]
+            raise GridError(f"{grid.path}: runs {' -> '.join(cycle)} form a cycle (run:/matched: values)")
+        state[name] = "visiting"
+        for dep in dependencies(grid.runs[name]):
+            visit(dep, path + [name])
+        state[name] = "done"
+        order.append(name)
+
+    for name in grid.runs:
+        visit(name, [])
+    return order
+
+
+# ---------------------------------------------------------------------------------------------- the plan
+
+def format_value(value):
+    """A --key=VALUE text that configurator parses back to value: strings bare where that is unambiguous."""
+    if isinstance(value, str):
+        try:
+            ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            return value
+    return repr(value)
+
+
+def base_files(grid):
+    """The base config files as paths from the current directory (a grid names them from the repo root)."""
+    paths = []
+    for b in grid.base:
+        path = b if os.path.isabs(b) else os.path.join(ROOT, b)
+        if not os.path.isfile(path):
+            raise GridError(f"{grid.path}: base config {b!r} does not exist")
+        paths.append(os.path.relpath(path))
+    return paths
+
+
+def run_dir(out_root, grid, run, seed):
+    return os.path.join(out_root, grid.name, f"{run}__seed_{seed}")
+
+
+def placeholder(value, out_root, grid, seed):
+    """What a special value stands for while planning: a checkpoint path for "run:", a rate for "matched:"."""
+    if isinstance(value, str) and value.startswith("run:"):
+        return os.path.join(run_dir(out_root, grid, value[4:], seed), "ckpt.pt")
+    if isinstance(value, str) and value.startswith("matched:"):
+        return 0.0
+    return value
+
+
+def plan(grid, out_root):
+    """Jobs in an order where every job comes after the jobs it depends on. Checks every run's config with
+    train.py's schemas (unknown keys, wrong types, bad values) and that dependencies have the seed they need."""
+    schemas, files = train_schemas(), base_files(grid)
+    for i, f in enumerate(files):
+        try:
+            read_config_file(f, files[:i])
+        except ConfigError as e:
+            raise GridError(f"{grid.path}: {e}") from None
+    jobs = []
+    for run in run_order(grid):
+        overrides = {**grid.common, **grid.runs[run]}
+        for seed in grid.run_seeds[run]:
+            deps = []
+            for dep in dependencies(overrides):
+                if seed not in grid.run_seeds[dep]:
+                    raise GridError(f"{grid.path}: run {run} at seed {seed} needs {dep} at seed {seed}, which the "
+                                    f"grid does not train; give {dep} that seed")
+                deps.append((dep, seed))
+            resolved = {k: placeholder(v, out_root, grid, seed) for k, v in overrides.items()}
+            argv = files + [f"--{k}={format_value(v)}" for k, v in resolved.items()]
+            try:
+                tcfg, mcfg = parse_args(argv, *schemas)
+            except ConfigError as e:
+                raise GridError(f"{grid.path}: run {run}: {e}") from None
+            jobs.append(Job(run, seed, run_dir(out_root, grid, run, seed), overrides, deps, tcfg, mcfg))
+    for job in jobs:
+        dep = matched_run(job)
+        target = next((j for j in jobs if j.run == dep), None)
+        if target and ("R" not in target.mcfg.layer_letters or target.mcfg.n_layer != job.mcfg.n_layer):
+            raise GridError(f"{grid.path}: run {job.run}: matched:{dep} needs {dep} to have routed layers and "
+                            f"as many layers ({job.mcfg.n_layer})")
+    return jobs
+
+
+def matched_run(job):
+    """NAME of a job's "matched:NAME" value, else None."""
+    value = job.overrides.get("random_global_q")
+    return value[len("matched:"):] if isinstance(value, str) and value.startswith("matched:") else None
+
+
+def read_json(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def matched_rates(job, out_root, grid):
+    """random_global_q for a "matched:NAME" run: NAME's per-layer global fractions (same seed), 0 for layers
+    that are not routed (a random rate is used by routed layers only). None until NAME's evaluation exists."""
+    if matched_run(job) is None:
+        return None
+    result = read_json(eval_json(run_dir(out_root, grid, matched_run(job), job.seed)))
+    if result is None:
+        return None
+    return [0.0 if q is None else round(q, 6) for q in result["global_frac_per_layer"]]
+
+
+def train_argv(job, grid, out_root, resume=False, unresolved=None):
+    """The train.py command of a job. While a "matched:" value cannot be resolved yet: None, or with the text
+    `unresolved` in its place (to show the plan)."""
+    values = {}
+    for key, value in job.overrides.items():
+        if key == "random_global_q" and matched_run(job):
+            value = matched_rates(job, out_root, grid)
+            if value is None and unresolved is None:
+                return None
+            value = unresolved if value is None else value
+        values[key] = placeholder(value, out_root, grid, job.seed)
+    if resume:
+        values["init_from"] = "resume"
+    args = [f"--{k}={format_value(v)}" for k, v in values.items()]
+    return [sys.executable, os.path.relpath(TRAIN_PY), *base_files(grid), *args, f"--seed={job.seed}",
+            f"--out_dir={job.out_dir}"]
+
+
+def eval_json(out_dir):
+    return os.path.join(out_dir, "eval.json")
+
+
+def eval_argv(job, grid):
+    return [sys.executable, os.path.relpath(EVALUATE_PY), job.out_dir,
+            *[f"--{k}={format_value(v)}" for k, v in grid.evaluate.items()]]
+
+
+def launches(out_dir):
+    """The processes the runner started for this run folder: [{'step', 'argv', 'wall_s', 'returncode'}, ...]."""
+    return read_json(os.path.join(out_dir, "launches.json")) or []
+
+
+def comparable(argv, cwd, ignore=()):
+    """A train command as a set of settings that must not change between launches of one run: paths made
+    absolute (the runner may be started from another directory), without resume, max_iters and `ignore`."""
+    settings = set()
+    for arg in argv[2:]:
+        key, _, value = arg.partition("=")
+        if key.lstrip("-") in KEEP_TRAINING_KEYS or key.lstrip("-") in ignore:
+            continue
+        if arg.endswith(".py") and not arg.startswith("--"):
+            arg = os.path.normpath(os.path.join(cwd, arg))
+        elif key in ("--init_from", "--out_dir", "--data_dir"):
+            arg = f"{key}={os.path.normpath(os.path.join(cwd, value))}"
+        settings.add(arg)
+    return settings
+
+
+def train_state(job, grid, out_root):
+    """What the run needs: 'skip' (complete), 'resume' (a checkpoint short of max_iters), 'train' (nothing yet).
+    Refuses a run folder trained with another command (delete it to retrain)."""
+    summary = read_json(os.path.join(job.out_dir, "train_summary.json"))
+    has_ckpt = os.path.isfile(os.path.join(job.out_dir, "ckpt.pt"))
+    planned = train_argv(job, grid, out_root)
+    first = next((launch for launch in launches(job.out_dir) if launch["step"] == "train"), None)
+    known = has_ckpt and first is not None and "--init_from=resume" not in first["argv"] and planned is not None
+    ignore = ["random_global_q"] if matched_run(job) else []  # a re-evaluation may move matched rates a little
+    differ = sorted(comparable(planned, os.getcwd(), ignore) ^ comparable(first["argv"], first["cwd"], ignore)) \
+        if known else []
+    if differ:
+        raise GridError(f"{job.out_dir} was trained with another command (differs in {' '.join(differ)[:200]}): "
+                        f"delete that folder to retrain it, or restore the grid")
+    if has_ckpt and summary and summary.get("complete") and summary.get("max_iters") == job.tcfg.max_iters:
+        return "skip"
+    return "resume" if has_ckpt else "train"
+
+
+def eval_state(job, grid):
+    """'skip' when eval.json is newer than the checkpoint and came from the same evaluate command."""
+    path, ckpt = eval_json(job.out_dir), os.path.join(job.out_dir, "ckpt.pt")
+    evaluated = [launch["argv"] for launch in launches(job.out_dir) if launch["step"] == "evaluate"]
+    fresh = os.path.isfile(path) and os.path.isfile(ckpt) and os.path.getmtime(path) >= os.path.getmtime(ckpt)
+    return "skip" if fresh and evaluated and evaluated[-1][1:] == eval_argv(job, grid)[1:] else "evaluate"
+
+
+def describe(job, grid, out_root):
+    """The dry run's line for a job: what happens to it and the command."""
+    state = train_state(job, grid, out_root)
+    after = f" (after {', '.join(f'{r} seed {s}' for r, s in job.deps)})" if job.deps else ""
+    argv = train_argv(job, grid, out_root, resume=state == "resume",
+                      unresolved=f"<per-layer global fractions of {matched_run(job)} seed {job.seed}, once evaluated>")
+    if state == "skip":
+        what = "complete, skipped" + ("" if eval_state(job, grid) == "skip" else "; will be evaluated")
+    elif state == "resume":
+        summary = read_json(os.path.join(job.out_dir, "train_summary.json")) or {}
+        what = f"will resume from step {summary.get('iter_num', '?')} of {job.tcfg.max_iters}"
+    else:
+        what = "will train"
+    return f"{job.label}{after}: {what}\n    {shlex.join(['python', *argv[1:]])}"
+
+
+# ---------------------------------------------------------------------------------------------- running
+
+def launch(job, step, argv, log_name):
+    """Run one process for a job (one thread: OMP_NUM_THREADS=1), output appended to OUT_DIR/<log_name>;
+    record it in OUT_DIR/launches.json. Returns its exit code."""
+    os.makedirs(job.out_dir, exist_ok=True)
+    started = time.time()
+    with open(os.path.join(job.out_dir, log_name), "a") as log:
+        code = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"}).returncode
+    record = launches(job.out_dir) + [{"step": step, "argv": argv, "cwd": os.getcwd(), "started": time.strftime(
+        "%Y-%m-%d %H:%M:%S", time.localtime(started)), "wall_s": round(time.time() - started, 2), "returncode": code}]
+    tmp = os.path.join(job.out_dir, "launches.json.tmp")
+    with open(tmp, "w") as f:
+        json.dump(record, f, indent=1)
+    os.replace(tmp, os.path.join(job.out_dir, "launches.json"))
+    return code
+
+
+def execute(job, grid, out_root, log=print):
+    """Train (or resume, or skip) and evaluate one job. Returns 'ok' or what went wrong."""
+    state = train_state(job, grid, out_root)
+    if state != "skip":
+        argv = train_argv(job, grid, out_root, resume=state == "resume")
+        if argv is None:
+            return f"failed: no evaluation of {matched_run(job)} seed {job.seed} to match"
+        log(f"[{time.strftime('%H:%M:%S')}] {job.label}: {'resuming' if state == 'resume' else 'training'}")
+        code = launch(job, "train", argv, "train.log")
+        summary = read_json(os.path.join(job.out_dir, "train_summary.json")) or {}
+        if code != 0 or not summary.get("complete"):
+            return f"failed: train.py exited with {code}, see {os.path.join(job.out_dir, 'train.log')}"
+    if eval_state(job, grid) != "skip":
+        log(f"[{time.strftime('%H:%M:%S')}] {job.label}: evaluating")
+        code = launch(job, "evaluate", eval_argv(job, grid), "eval.log")
+        if code != 0 or read_json(eval_json(job.out_dir)) is None:
+            return f"failed: evaluate.py exited with {code}, see {os.path.join(job.out_dir, 'eval.log')}"
+    log(f"[{time.strftime('%H:%M:%S')}] {job.label}: done")
+    return "ok"
+
+
+def run_jobs(jobs, grid, out_root, n_jobs=1, log=print):
+    """Every job, at most n_jobs at a time, each once its dependencies are done. Returns {(run, seed): status}:
+    'ok', 'failed: ...' or 'blocked: ...' (a dependency failed)."""
+    status, pending, running = {}, list(jobs), {}
+    with ThreadPoolExecutor(max_workers=n_jobs) as pool:
+        while pending or running:
+            for job in list(pending):
+                failed = [d for d in job.deps if d in status and status[d] != "ok"]
+                if failed:
+                    status[job.key] = f"blocked: {failed[0][0]} seed {failed[0][1]} did not finish"
+                    pending.remove(job)
+                elif len(running) < n_jobs and all(status.get(d) == "ok" for d in job.deps):
+                    running[pool.submit(execute, job, grid, out_root, log)] = job
+                    pending.remove(job)
+            if not running:
+                break
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                job = running.pop(future)
+                try:
+                    status[job.key] = future.result()
+                except Exception as e:  # a job's bookkeeping failed: the others go on
+                    status[job.key] = f"failed: {type(e).__name__}: {e}"
+                if status[job.key] != "ok":
+                    log(f"{job.label}: {status[job.key]}")
+    return status
+
+
+# ---------------------------------------------------------------------------------------------- results
+
+def collect(job, status=None):
+    """One job's numbers: from its evaluation (eval.json), its train_summary.json and its launches. A
+    number that does not exist is None."""
+    result = read_json(eval_json(job.out_dir)) or {}
+    summary = read_json(os.path.join(job.out_dir, "train_summary.json")) or {}
+    complete = bool(summary.get("complete")) and summary.get("max_iters") == job.tcfg.max_iters and bool(result)
+    train_wall = [launch["wall_s"] for launch in launches(job.out_dir) if launch["step"] == "train"]
+    return {
+        "run": job.run, "seed": job.seed, "complete": complete, "status": status or ("ok" if complete else "missing"),
+        "val_loss": result.get("val_loss"), "global_frac": result.get("global_frac"),
+        "flops_ideal": result.get("attention_flop_frac_ideal"),
+        "flops_computed": result.get("attention_flop_frac_computed"),
+        "kv_bytes": result.get("kv_cache_bytes"), "kv_bytes_dense": result.get("kv_cache_bytes_dense"),
+        "per_layer": result.get("global_frac_per_layer"), "per_head": result.get("global_frac_per_head"),
+        "sweep": result.get("threshold_sweep") or [],
+        "tokens_per_s": summary.get("tokens_per_s"),
+        "wall_s": sum(train_wall) if train_wall else summary.get("wall_s"),
+        "val_history": summary.get("val_history") or [],
+    }
+
+
+def spread(values):
+    """(mean, min, max) of the numbers that exist; None when none does."""
+    values = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    if not values:
+        return None
+    return sum(values) / len(values), min(values), max(values)
+
+
+def gap_recovery(loss, local, dense):
+    """(loss_local - loss) / (loss_local - loss_dense): 0 at local, 1 at dense. None unless dense beats local."""
+    if loss is None or local is None or dense is None or not dense < local:
+        return None
+    return (local - loss) / (local - dense)
+
+
+def is_tie(a, b):
+    """Two spreads (mean, min, max) tie when their means differ by less than the larger of their ranges."""
+    return abs(a[0] - b[0]) < max(a[2] - a[1], b[2] - b[1])
+
+
+@dataclasses.dataclass
+class Row:
+    """One run of the grid with its per-seed results (collect's dicts)."""
+    run: str
+    kind: str             # 'fixed' | 'random' | 'routed'
+    layers: str
+    seeds: list
+    results: list
+
+    def stat(self, key):
+        return spread([r[key] for r in self.results if r["complete"]])
+
+    @property
+    def complete(self):
+        return all(r["complete"] for r in self.results)
+
+
+def rows_of(jobs, status=None):
+    rows = {}
+    for job in jobs:
+        row = rows.setdefault(job.run, Row(job.run, job.kind, job.mcfg.layer_letters, [], []))
+        row.seeds.append(job.seed)
+        row.results.append(collect(job, (status or {}).get(job.key)))
+    return list(rows.values())
+
+
+def best_fixed(rows):
+    """The fixed-schedule row (no routed layer) with the lowest mean val loss, None if none has a loss."""
+    fixed = [row for row in rows if row.kind == "fixed" and row.stat("val_loss")]
+    return min(fixed, key=lambda row: row.stat("val_loss")[0]) if fixed else None
+
+
+def reference_losses(rows, references):
+    by_name = {row.run: row for row in rows}
+    return {role: by_name[name].stat("val_loss") if name in by_name else None for role, name in references.items()}
+
+
+def fmt_loss(s):
+    return "missing" if s is None else f"{s[0]:.3f}" + (f" [{s[1]:.3f}-{s[2]:.3f}]" if s[2] > s[1] else "")
+
+
+def fmt_pct(s, digits=0):
+    return "missing" if s is None else f"{100 * s[0]:.{digits}f}%"
+
+
+def fmt_bytes(n):
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+def gap_text(row, refs, references):
+    """The gap-recovery cell: a percentage where dense beats local, else whether the run beats both."""
+    loss, local, dense = row.stat("val_loss"), refs.get("local"), refs.get("dense")
+    if loss is None:
+        return "missing"
+    if local is None or dense is None:
+        return "no reference"
+    recovery = gap_recovery(loss[0], local[0], dense[0])
+    if recovery is not None:
+        return f"{100 * recovery:.0f}%"
+    if row.run in references.values():
+        return "reference"
+    best = min(local, dense, key=lambda s: s[0])
+    if is_tie(loss, best):
+        return "ties the better reference"
+    return "beats both" if loss[0] < best[0] else "does not beat both"
+
+
+def versus_best_fixed(row, best):
+    if best is None:
+        return "no fixed schedule"
+    loss, ref = row.stat("val_loss"), best.stat("val_loss")
+    if loss is None:
+        return "missing"
+    if row.run == best.run:
+        return "best fixed"
+    diff = loss[0] - ref[0]
+    return f"{diff:+.3f}" + (" (tie)" if is_tie(loss, ref) else "")
+
+
+def seeds_text(row):
+    done = [r["seed"] for r in row.results if r["complete"]]
+    if len(done) == len(row.results):
+        return str(len(done))
+    missing = [f"seed {r['seed']} {r['status'] if r['status'] != 'ok' else 'missing'}" for r in row.results
+               if not r["complete"]]
+    return f"{len(done)} of {len(row.results)} ({'; '.join(missing)})"
+
+
+def results_table(rows, references):
+    """table.md: one line per run (mean and [min-max] over its seeds), then what the columns mean."""
+    refs = reference_losses(rows, references)
+    best = best_fixed(rows)
+    dense_beats_local = refs.get("local") and refs.get("dense") and refs["dense"][0] < refs["local"][0]
+    gap_header = "gap recovery" if dense_beats_local or not (refs.get("local") and refs.get("dense")) else \
+        "vs local and dense"
+    lines = [f"| run | layers | seeds | val loss mean [min-max] | global fraction | attention FLOPs ideal | "
+             f"computed | KV bytes | training tokens/s | wall time | {gap_header} | vs best fixed |",
+             "|" + "---|" * 12]
+    for row in rows:
+        kv, kv_dense = row.stat("kv_bytes"), row.stat("kv_bytes_dense")
+        kv_text = "missing" if kv is None else fmt_bytes(kv[0]) + (
+            f" ({100 * kv[0] / kv_dense[0]:.0f}%)" if kv_dense and kv_dense[0] else "")
+        tok, wall, frac = row.stat("tokens_per_s"), row.stat("wall_s"), row.stat("global_frac")
+        frac_text = ("-" if row.kind == "fixed" else "missing") if frac is None else fmt_pct(frac, 1)
+        lines.append(" | ".join([
+            f"| {row.run}", row.layers, seeds_text(row), fmt_loss(row.stat("val_loss")), frac_text,
+            fmt_pct(row.stat("flops_ideal")), fmt_pct(row.stat("flops_computed")), kv_text,
+            "missing" if tok is None else f"{tok[0]:,.0f}", "missing" if wall is None else f"{wall[0] / 60:.1f} min",
+            gap_text(row, refs, references), versus_best_fixed(row, best)]) + " |")
+    notes = ["", "Val loss: the evaluator's fixed validation windows (evaluate.py), mean over seeds with [min-max]. "
+             "Global fraction: routed layers' global decisions. Attention FLOPs and KV-cache bytes: relative to "
+             "an all-dense model of the same shape. Tokens/s: training steps only (the last process of the run); "
+             "wall time: every training process of the run, mean over seeds."]
+    local, dense = references.get("local"), references.get("dense")
+    if dense_beats_local:
+        noise = f"; {dense} beats {local} by less than their seed ranges, so these percentages are noise (the gap " \
+            f"is a tie)." if is_tie(refs["local"], refs["dense"]) else "."
+        notes.append(f"Gap recovery: (loss_{local} - loss) / (loss_{local} - loss_{dense}), on the means: 0% is "
+                     f"{local}, 100% is {dense}{noise}")
+    elif refs.get("local") and refs.get("dense"):
+        notes.append(f"{local} beats {dense}, so no gap to recover: the column says whether the run beats both.")
+    else:
+        notes.append("No local and dense reference rows with results: no gap recovery.")
+    if best:
+        notes.append(f"vs best fixed: mean val loss minus that of {best.run}, the best schedule without routed "
+                     f"layers; (tie) where the difference is smaller than the larger of the two rows' seed ranges.")
+    incomplete = [row.run for row in rows if not row.complete]
+    if incomplete:
+        notes.append(f"**Incomplete**: {', '.join(incomplete)} (a seed failed or has not run); their numbers are over "
+                     f"the seeds that finished, 'missing' where none did.")
+    return "\n".join(lines + notes) + "\n"
+
+
+def window_groups(jobs):
+    """Runs with routed layers that differ from each other only in window: [[(window, run), ...], ...], each
+    group with at least two windows, sorted by window."""
+    ignore = {"window", "out_dir", "seed", "init_from"}
+    signatures, seen = {}, set()
+    for job in jobs:
+        if job.kind == "fixed" or job.run in seen:
+            continue
+        seen.add(job.run)
+        config = {**dataclasses.asdict(job.tcfg), **dataclasses.asdict(job.mcfg)}
+        key = json.dumps({k: v for k, v in sorted(config.items()) if k not in ignore}, default=str)
+        signatures.setdefault(key, []).append((job.mcfg.window, job.run))
+    return [sorted(group) for group in signatures.values() if len({w for w, _ in group}) >= 2]

@@ -1,0 +1,124 @@
+"""The record's plots (matplotlib, Agg, small PNGs): loss against attention FLOPs (the Pareto picture), global
+fraction against window, per-run layer x head heatmaps of global fractions, val loss curves. compare.py draws
+them from grid.Row lists. Figures are made without pyplot (no global state, no display)."""
+import math
+
+import matplotlib
+from matplotlib.figure import Figure
+from matplotlib.ticker import PercentFormatter
+
+FIGSIZE, WIDE, DPI = (6.4, 4.2), (8.4, 4.6), 100  # WIDE: room for a legend of up to 20 runs beside the plot
+MARKERS = {"fixed": "s", "random": "^", "routed": "o"}
+
+
+def _color(i):
+    """Up to 20 distinguishable colours (a grid has about that many runs)."""
+    return matplotlib.colormaps["tab20"](i % 20)
+
+
+def _legend_beside(ax):
+    if ax.has_data():
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+
+
+def _axes(figsize=FIGSIZE):
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots()
+
+
+def _save(fig, path):
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+
+
+def _error(stat):
+    """Matplotlib's [[below], [above]] error bar from a (mean, min, max) spread."""
+    return [[stat[0] - stat[1]], [stat[2] - stat[0]]]
+
+
+def pareto(path, rows):
+    """Val loss against ideal attention FLOPs: every fixed schedule and random run a point with its seed range
+    as error bars, every routed run its threshold-sweep curves (one thin line per seed) and its trained point."""
+    fig, ax = _axes(WIDE)
+    for i, row in enumerate(rows):
+        loss, flops = row.stat("val_loss"), row.stat("flops_ideal")
+        if loss is None or flops is None:
+            continue
+        color = _color(i)
+        if row.kind == "routed":
+            for result in row.results:
+                sweep = sorted((p["attention_flop_frac_ideal"], p["val_loss"]) for p in result["sweep"])
+                if sweep:
+                    ax.plot(*zip(*sweep), color=color, lw=0.7, alpha=0.6)
+        ax.errorbar([flops[0]], [loss[0]], yerr=_error(loss), xerr=_error(flops), fmt=MARKERS[row.kind],
+                    color=color, ms=5, capsize=2, label=row.run)
+    ax.xaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
+    ax.set_xlabel("attention FLOPs vs dense (ideal)")
+    ax.set_ylabel("val loss")
+    ax.set_title("loss against attention cost (squares fixed, triangles random, circles routed; "
+                 "lines: threshold sweeps)", fontsize=9)
+    ax.grid(alpha=0.3)
+    _legend_beside(ax)
+    _save(fig, path)
+
+
+def window(path, groups):
+    """Global fraction against window for runs that differ only in window. groups: [[(window, row), ...]]."""
+    fig, ax = _axes()
+    windows = set()
+    for group in groups:
+        points = [(w, row.stat("global_frac")) for w, row in group if row.stat("global_frac")]
+        windows |= {w for w, _ in points}
+        if points:
+            ax.errorbar([w for w, _ in points], [s[0] for _, s in points], fmt="o-", capsize=2,
+                        yerr=[[s[0] - s[1] for _, s in points], [s[2] - s[0] for _, s in points]],
+                        label=" / ".join(row.run for _, row in group))
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(windows), [str(w) for w in sorted(windows)])
+    ax.minorticks_off()
+    ax.set_xlabel("window (tokens)")
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=1))
+    ax.set_ylabel("global fraction (routed layers)")
+    ax.set_title("how much global attention the routers ask for, by window", fontsize=10)
+    ax.grid(alpha=0.3)
+    if ax.has_data():
+        ax.legend(fontsize=7)
+    _save(fig, path)
+
+
+def heatmap(path, run, per_head, layers):
+    """Layer x head global fractions of one run (a layer that is not routed is blank and named by its kind)."""
+    n_layer = len(per_head)
+    n_head = max((len(h) for h in per_head if h), default=1)
+    grid = [[math.nan] * n_head if h is None else list(h) for h in per_head]
+    fig, ax = _axes((min(1.6 + 0.55 * n_head, 9), min(1.2 + 0.45 * n_layer, 8)))
+    image = ax.imshow(grid, vmin=0, vmax=1, cmap="magma", aspect="auto")
+    if n_layer * n_head <= 144:
+        for i, heads in enumerate(grid):
+            for h, value in enumerate(heads):
+                if not math.isnan(value):
+                    ax.text(h, i, f"{100 * value:.0f}", ha="center", va="center", fontsize=7,
+                            color="white" if value < 0.6 else "black")
+    ax.set_xticks(range(n_head))
+    ax.set_yticks(range(n_layer), [f"{i} {layers[i]}" for i in range(n_layer)])
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.set_title(f"{run}: global fraction (%)", fontsize=10)
+    fig.colorbar(image, ax=ax, fraction=0.05, format=PercentFormatter(1.0, decimals=0))
+    _save(fig, path)
+
+
+def val_curves(path, curves):
+    """Val loss against step. curves: [(label, [[step, loss], ...]), ...]."""
+    fig, ax = _axes(WIDE)
+    for i, (label, history) in enumerate(curves):
+        history = [point for point in history if point[0] > 0]  # step 0 (the untrained model) dwarfs the rest
+        if history:
+            steps, losses = zip(*sorted(history))
+            ax.plot(steps, losses, lw=1, color=_color(i), label=label)
+    ax.set_xlabel("step")
+    ax.set_ylabel("val loss (train.py's eval)")
+    ax.set_title("val loss during training (first seed)", fontsize=10)
+    ax.grid(alpha=0.3)
+    _legend_beside(ax)
+    _save(fig, path)

@@ -1,0 +1,240 @@
+import json
+import os
+import threading
+import time
+
+import pytest
+
+import compare
+import grid
+from grid import GridError, Row, gap_recovery, is_tie, load_grid, plan, results_table, spread, train_argv
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 32, "window": 8, "batch_size": 4,
+        "max_iters": 6, "warmup_iters": 2, "eval_interval": 3, "eval_iters": 1, "log_interval": 1,
+        "router_lambda_ramp": 2, "tensorboard": False, "device": "cpu"}
+
+
+def write_grid(path, runs, common=None, seeds=(1,), extra=""):
+    path.write_text(f'"""A test grid: does the runner work?"""\nbase = ["configs/quickstart.py"]\n'
+                    f"common = {common or {}!r}\nseeds = {list(seeds)!r}\nruns = {runs!r}\n{extra}")
+    return str(path)
+
+
+def test_plan_puts_a_dependency_first_and_points_init_from_at_its_checkpoint(tmp_path):
+    path = write_grid(tmp_path / "g.py", {"finetuned": {"schedule": "R", "init_from": "run:dense"},
+                                          "dense": {"schedule": "G"}, "local": {"schedule": "L"}}, seeds=[1, 2])
+    jobs = plan(load_grid(path), str(tmp_path / "out"))
+    assert [j.key for j in jobs] == [("dense", 1), ("dense", 2), ("finetuned", 1), ("finetuned", 2),
+                                     ("local", 1), ("local", 2)]
+    finetuned = jobs[3]
+    assert finetuned.deps == [("dense", 2)] and finetuned.kind == "routed" and jobs[0].kind == "fixed"
+    argv = train_argv(finetuned, load_grid(path), str(tmp_path / "out"))
+    assert f"--init_from={tmp_path}/out/g/dense__seed_2/ckpt.pt" in argv
+    assert argv[-2:] == ["--seed=2", f"--out_dir={tmp_path}/out/g/finetuned__seed_2"]
+
+
+@pytest.mark.parametrize("runs, extra, message", [
+    ({"ft": {"init_from": "run:dens"}, "dense": {}}, "",
+     "init_from='run:dens' names no run of the grid; did you mean dense"),
+    ({"a": {"windw": 4}}, "", "run a: unknown config key 'windw'; did you mean window"),
+    ({"a": {"window": "wide"}}, "", "run a: config key 'window' expects int"),
+    ({"a": {"init_from": "run:b"}, "b": {"random_global_q": "matched:a"}}, "", "runs a -> b -> a form a cycle"),
+    ({"a": {"schedule": "run:b"}, "b": {}}, "", "'run:NAME' is a value of init_from only"),
+    ({"a": {"out_dir": "x"}}, "", "a sets out_dir, which the runner sets"),
+    ({"a": {}}, "refrences = {}", "unknown grid setting(s) refrences"),
+    ({"a": {}}, "references = {'local': 'b'}", "references['local'] = 'b' is not a run"),
+    ({"a": {"init_from": "run:b", "seeds": [3]}, "b": {}}, "", "needs b at seed 3"),
+])
+def test_bad_grid_files_get_one_line_errors(tmp_path, runs, extra, message):
+    path = write_grid(tmp_path / "bad.py", runs, extra=extra)
+    with pytest.raises(GridError) as e:
+        plan(load_grid(path), str(tmp_path / "out"))
+    assert message in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(SystemExit) as e:
+        compare.main([path, "--dry_run"])
+    assert str(e.value).startswith("grid error: ") and message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_matched_rates_come_from_the_learned_runs_evaluation_at_the_same_seed(tmp_path, capsys):
+    path = write_grid(tmp_path / "g.py", {"random": {"schedule": "R", "routing": "random",
+                                                     "random_global_q": "matched:routed"},
+                                          "routed": {"schedule": "RL"}}, common={"n_layer": 4}, seeds=[1, 2])
+    g, out = load_grid(path), str(tmp_path / "out")
+    jobs = plan(g, out)
+    assert [j.key for j in jobs][:2] == [("routed", 1), ("routed", 2)]
+    random_2 = next(j for j in jobs if j.key == ("random", 2))
+    assert train_argv(random_2, g, out) is None  # not evaluated yet: cannot launch
+    assert compare.main([path, "--dry_run", f"--out={out}"]) == 0
+    shown = capsys.readouterr().out
+    assert "random seed 2 (after routed seed 2): will train" in shown
+    assert "--random_global_q=<per-layer global fractions of routed seed 2, once evaluated>" in shown
+    for seed, rates in ((1, [0.9, None, 0.8, None]), (2, [0.25, None, 0.0625, None])):
+        os.makedirs(jobs[seed - 1].out_dir)
+        with open(os.path.join(jobs[seed - 1].out_dir, "eval.json"), "w") as f:
+            json.dump({"global_frac_per_layer": rates}, f)
+    argv = train_argv(random_2, g, out)
+    assert "--random_global_q=[0.25, 0.0, 0.0625, 0.0]" in argv and "--routing=random" in argv
+
+
+def test_run_jobs_keeps_the_job_limit_and_the_order_and_blocks_what_depends_on_a_failure(tmp_path, monkeypatch):
+    path = write_grid(tmp_path / "g.py", {"dense": {"schedule": "G"}, "ft": {"init_from": "run:dense"},
+                                          "local": {"schedule": "L"}, "broken": {"schedule": "G"},
+                                          "after_broken": {"init_from": "run:broken"}}, seeds=[1, 2])
+    g = load_grid(path)
+    jobs = plan(g, str(tmp_path / "out"))
+    running, peak, finished, lock = set(), [0], [], threading.Lock()
+
+    def fake_execute(job, *args):
+        with lock:
+            assert all(dep in finished for dep in job.deps)
+            running.add(job.key)
+            peak[0] = max(peak[0], len(running))
+        time.sleep(0.02)
+        with lock:
+            running.discard(job.key)
+            finished.append(job.key)
+        return "failed: on purpose" if job.run == "broken" else "ok"
+
+    monkeypatch.setattr(grid, "execute", fake_execute)
+    status = grid.run_jobs(jobs, g, str(tmp_path / "out"), n_jobs=2, log=lambda line: None)
+    assert peak[0] == 2 and len(finished) == 8
+    assert status[("ft", 2)] == "ok" and status[("broken", 1)] == "failed: on purpose"
+    assert status[("after_broken", 1)] == "blocked: broken seed 1 did not finish"
+
+
+def result(seed, loss, **values):
+    return {"seed": seed, "complete": loss is not None, "status": "ok" if loss is not None else "failed: x",
+            "val_loss": loss, "global_frac": None, "flops_ideal": 0.5, "flops_computed": 0.5, "kv_bytes": 1024,
+            "kv_bytes_dense": 2048, "tokens_per_s": 1000.0, "wall_s": 60.0, "sweep": [], "per_head": None,
+            "val_history": [], **values}
+
+
+def cells(table):
+    """run name -> the cells of its row."""
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in table.splitlines()
+            if line.startswith("| ")]
+    return {row[0]: row for row in rows}
+
+
+def test_table_arithmetic_mean_range_ties_and_gap_recovery():
+    assert spread([2.0, 2.2, None, float("nan")]) == pytest.approx((2.1, 2.0, 2.2))
+    assert spread([None]) is None
+    assert gap_recovery(2.1, local=2.2, dense=2.0) == pytest.approx(0.5)
+    assert gap_recovery(1.9, local=2.2, dense=2.0) == pytest.approx(1.5)
+    assert gap_recovery(2.1, local=2.0, dense=2.2) is None  # local beats dense: no gap to recover
+    assert is_tie((2.0, 1.95, 2.05), (2.08, 2.08, 2.08))      # 0.08 apart, a range of 0.10
+    assert not is_tie((2.0, 1.99, 2.01), (2.05, 2.04, 2.06))  # 0.05 apart, ranges of 0.02
+    rows = [Row("local", "fixed", "LL", [1, 2], [result(1, 2.30), result(2, 2.26)]),
+            Row("dense", "fixed", "GG", [1, 2], [result(1, 2.10), result(2, 2.12)]),
+            Row("LG", "fixed", "LG", [1, 2], [result(1, 2.15), result(2, 2.13)]),
+            Row("routed", "routed", "RR", [1, 2], [result(1, 2.16, global_frac=0.2), result(2, 2.18, global_frac=0.1)]),
+            Row("broken", "routed", "RR", [1, 2], [result(1, 2.40), result(2, None)]),
+            Row("lost", "routed", "RR", [1], [result(1, None)])]
+    table = results_table(rows, {"local": "local", "dense": "dense"})
+    lines = cells(table)
+    # local 2.28, dense 2.11: routed 2.17 recovers (2.28 - 2.17) / (2.28 - 2.11) = 65%
+    assert lines["routed"][3] == "2.170 [2.160-2.180]" and lines["routed"][4] == "15.0%"
+    assert lines["routed"][10] == "65%" and lines["local"][10] == "0%" and lines["dense"][10] == "100%"
+    assert lines["LG"][10] == "82%"  # (2.28 - 2.14) / 0.17
+    # best fixed is dense (2.11); LG is 0.03 behind with ranges 0.02: not a tie; routed 0.06 behind
+    assert lines["dense"][11] == "best fixed" and lines["LG"][11] == "+0.030" and lines["routed"][11] == "+0.060"
+    assert lines["broken"][2] == "1 of 2 (seed 2 failed: x)" and lines["broken"][3] == "2.400"
+    assert lines["lost"][3] == "missing" and lines["lost"][10] == "missing"
+    assert lines["local"][7] == "1.0 KiB (50%)" and lines["local"][4] == "-"
+    assert "**Incomplete**: broken, lost" in table
+    tied = [Row("local", "fixed", "L", [1, 2], [result(1, 2.0), result(2, 2.2)]),
+            Row("dense", "fixed", "G", [1, 2], [result(1, 2.3), result(2, 2.3)]),
+            Row("R1", "routed", "R", [1, 2], [result(1, 1.9), result(2, 1.9)]),
+            Row("R2", "routed", "R", [1, 2], [result(1, 2.05), result(2, 2.05)]),
+            Row("R3", "routed", "R", [1], [result(1, 2.5)])]
+    table = results_table(tied, {"local": "local", "dense": "dense"})
+    lines = cells(table)
+    assert "| vs local and dense |" in table  # local (2.1) beats dense (2.3): no gap to recover
+    assert lines["R1"][10] == "beats both" and lines["R2"][10] == "ties the better reference"
+    assert lines["R3"][10] == "does not beat both" and lines["local"][10] == lines["dense"][10] == "reference"
+    assert lines["R2"][11] == "-0.050 (tie)" and lines["R1"][11] == "-0.200"  # local's range is 0.2
+
+
+def test_plots_are_small_pngs_drawn_from_the_rows(tmp_path):
+    import plots
+    sweep = [{"threshold": t, "val_loss": 2.0 + t, "global_frac": 1 - t, "attention_flop_frac_ideal": 1 - t,
+              "attention_flop_frac_computed": 1.0} for t in (0.1, 0.5, 0.9)]
+    per_head = [[0.5, 0.25], None, [0.0, 1.0]]
+    routed = Row("routed", "routed", "RLR", [1, 2], [result(s, 2.1 + 0.01 * s, sweep=sweep, per_head=per_head,
+                                                          global_frac=0.3, val_history=[[0, 5.5], [10, 3.0], [20, 2.5]])
+                                                   for s in (1, 2)])
+    wide = Row("routed_w64", "routed", "RLR", [1], [result(1, 2.05, global_frac=0.2)])
+    rows = [Row("local", "fixed", "LLL", [1], [result(1, 2.3)]), routed, wide,
+            Row("lost", "fixed", "G", [1], [result(1, None)])]
+    plots.pareto(tmp_path / "pareto.png", rows)
+    plots.window(tmp_path / "window.png", [[(32, routed), (64, wide)]])
+    plots.heatmap(tmp_path / "heatmap.png", "routed seed 1", per_head, "RLR")
+    plots.val_curves(tmp_path / "curves.png", [(row.run, row.results[0]["val_history"]) for row in rows])
+    for name in ("pareto.png", "window.png", "heatmap.png", "curves.png"):
+        data = (tmp_path / name).read_bytes()
+        assert data.startswith(b"\x89PNG") and 5_000 < len(data) < 150_000
+
+
+def test_the_committed_grids_plan(tmp_path):
+    for name in sorted(os.listdir(os.path.join(ROOT, "configs", "grids"))):
+        g = load_grid(os.path.join(ROOT, "configs", "grids", name))
+        jobs = plan(g, str(tmp_path))
+        assert g.doc and [j.run for j in jobs if j.seed == g.run_seeds[j.run][0]] == grid.run_order(g)
+        if name != "tiny.py":
+            assert {"local", "dense"} <= set(g.references.values())
+            assert all(len(g.run_seeds[r]) >= 2 for r in g.runs)
+            assert grid.window_groups(jobs)  # the window sweep
+
+
+@pytest.mark.slow
+def test_grid_runs_skips_what_is_complete_resumes_what_is_not_and_writes_the_record(tmp_path, tiny_corpus):
+    out, records = str(tmp_path / "out"), str(tmp_path / "results")
+    runs = {"local": {"schedule": "L"}, "routed": {"schedule": "R"},
+            "broken": {"schedule": "G", "trainable": "router"}}  # train.py refuses it at start
+    evaluate = "evaluate = {'eval_tokens': 512, 'thresholds': [0.3, 0.7], 'device': 'cpu'}\n"
+    path = write_grid(tmp_path / "two.py", runs, {**TINY, "data_dir": str(tiny_corpus)}, extra=evaluate)
+    argv = [path, "--jobs=2", f"--out={out}", f"--record_dir={records}"]
+    assert compare.main(argv) == 1  # broken failed: the grid is incomplete
+    g = load_grid(path)
+    jobs = {job.run: job for job in plan(g, out)}
+    for run in ("local", "routed"):
+        summary = json.load(open(os.path.join(jobs[run].out_dir, "train_summary.json")))
+        assert summary["complete"] and summary["iter_num"] == 6
+        assert os.path.isfile(os.path.join(jobs[run].out_dir, "eval.json"))
+    (record,) = os.listdir(records)
+    assert record.endswith("_two")
+    files = set(os.listdir(os.path.join(records, record)))
+    assert {"README.md", "table.md", "two.py", "pareto.png", "window.png", "val_curves.png",
+            "heatmap_routed.png"} <= files
+    table = open(os.path.join(records, record, "table.md")).read()
+    assert "| broken | GG | 0 of 1 (seed 1 failed: train.py exited with 1" in table and "**Incomplete**" in table
+    readme = open(os.path.join(records, record, "README.md")).read()
+    assert "A test grid: does the runner work?" in readme and "python compare.py " + path in readme
+    assert "step 6: val loss" in readme  # the final log lines
+
+    logs = {run: os.path.getmtime(os.path.join(jobs[run].out_dir, "train.log")) for run in ("local", "routed")}
+    launched = {run: len(grid.launches(jobs[run].out_dir)) for run in ("local", "routed")}
+    assert launched == {"local": 2, "routed": 2}  # train + evaluate
+    del runs["broken"]
+    runs["routed"]["max_iters"] = 9  # the grid asks for more: routed resumes from its step-6 checkpoint
+    write_grid(tmp_path / "two.py", runs, {**TINY, "data_dir": str(tiny_corpus)}, extra=evaluate)
+    log_size = os.path.getsize(os.path.join(jobs["routed"].out_dir, "train.log"))
+    assert compare.main(argv) == 0
+    assert os.path.getmtime(os.path.join(jobs["local"].out_dir, "train.log")) == logs["local"]
+    assert len(grid.launches(jobs["local"].out_dir)) == 2  # nothing launched for the complete run
+    resumed = grid.launches(jobs["routed"].out_dir)[2:]
+    assert [launch["step"] for launch in resumed] == ["train", "evaluate"]
+    assert "--init_from=resume" in resumed[0]["argv"] and "--max_iters=9" in resumed[0]["argv"]
+    with open(os.path.join(jobs["routed"].out_dir, "train.log")) as f:
+        new_lines = f.read()[log_size:]
+    steps = [int(line.split(":")[0].split()[1]) for line in new_lines.splitlines() if line.startswith("iter ")]
+    assert steps == [7, 8, 9]  # continued from step 6, not from 0
+    summary = json.load(open(os.path.join(jobs["routed"].out_dir, "train_summary.json")))
+    assert summary["complete"] and summary["iter_num"] == 9
+    assert [step for step, _ in summary["val_history"]] == [0, 3, 6, 6, 9]  # the first launch's evals, then more
+
+    runs["routed"]["router_lambda"] = 0.5  # another command for a trained run folder: refused, nothing runs
+    write_grid(tmp_path / "two.py", runs, {**TINY, "data_dir": str(tiny_corpus)}, extra=evaluate)
+    with pytest.raises(SystemExit, match="was trained with another command .*--router_lambda=0.5.*delete that folder"):
+        compare.main(argv)
