@@ -20,7 +20,8 @@ from data.loader import TokenData
 from data.synthetic.tasks import UNKNOWN_LABEL
 from data.tokens import read_meta
 from device import autocast_context, pick_device, pick_dtype
-from routing_stats import kv_cache_bytes, label_counts, mean_stats, precision_recall, ratio, routing_stats
+from routing_stats import (kv_cache_bytes, label_counts, mean_stats, precision_recall, ratio, routing_stats,
+                           routing_summary)
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_THRESHOLDS = (0.1, 0.3, 0.5, 0.7, 0.9)
@@ -114,19 +115,6 @@ def evaluate_loss(model, batches, autocast=None, force_global=False):
 def finite(value):
     """A float for JSON: nan -> None."""
     return None if math.isnan(value) else value
-
-
-def routing_summary(stats, kinds):
-    """Global fraction of the routed layers (overall, per layer, per head; None where a layer is not routed)
-    and the model's attention FLOPs vs dense, ideal and computed."""
-    routed = [kind == "routed" for kind in kinds]
-    return {
-        "global_frac": finite(stats["routed_global_frac"].item()),
-        "global_frac_per_layer": [frac.mean().item() if r else None for frac, r in zip(stats["global_frac"], routed)],
-        "global_frac_per_head": [frac.tolist() if r else None for frac, r in zip(stats["global_frac"], routed)],
-        "attention_flop_frac_ideal": stats["model_ideal_flop_frac"].item(),
-        "attention_flop_frac_computed": stats["model_computed_flop_frac"].item(),
-    }
 
 
 def has_learned_router(config):

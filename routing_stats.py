@@ -72,6 +72,19 @@ def mean_stats(stats_list):
     return {k: torch.stack([s[k].float().cpu() for s in stats_list]).mean(0) for k in stats_list[0]}
 
 
+def routing_summary(stats, kinds):
+    """Global fraction of the routed layers (overall, per layer, per head; None where a layer is not routed)
+    and the model's attention FLOPs vs dense, ideal and computed, as plain numbers (for JSON)."""
+    routed, frac = [kind == "routed" for kind in kinds], stats["routed_global_frac"].item()
+    return {
+        "global_frac": None if math.isnan(frac) else frac,
+        "global_frac_per_layer": [frac.mean().item() if r else None for frac, r in zip(stats["global_frac"], routed)],
+        "global_frac_per_head": [frac.tolist() if r else None for frac, r in zip(stats["global_frac"], routed)],
+        "attention_flop_frac_ideal": stats["model_ideal_flop_frac"].item(),
+        "attention_flop_frac_computed": stats["model_computed_flop_frac"].item(),
+    }
+
+
 def format_routing(stats):
     """The log line's routing part: global fraction, then attention FLOPs vs dense, ideal and computed."""
     frac = stats["routed_global_frac"].item()

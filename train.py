@@ -23,7 +23,7 @@ from configurator import parse_args_or_exit
 from data.loader import TokenData
 from device import autocast_context, pick_device, pick_dtype
 from model import GPT, RUNTIME_KEYS, GPTConfig
-from routing_stats import format_routing, mean_stats, routing_stats, warn_collapse
+from routing_stats import format_routing, mean_stats, routing_stats, routing_summary, warn_collapse
 from tensorboard_log import Logger
 from train_config import TrainConfig, check_config
 
@@ -202,15 +202,13 @@ def train(tcfg, mcfg):
             write_json(os.path.join(tcfg.out_dir, "train_summary.json"), run_summary(val_loss, stats, final))
 
     def run_summary(val_loss, stats, final):
-        per_layer = [stats["global_frac"][i].mean().item() if kind == "routed" else None
-                     for i, kind in enumerate(mcfg.kinds)]
-        frac = stats["routed_global_frac"].item()
+        routing = routing_summary(stats, mcfg.kinds)
         return {"iter_num": iter_num, "max_iters": tcfg.max_iters, "complete": final, "val_loss": val_loss,
                 "tokens_per_s": steps_timed * tokens_per_iter / train_time if train_time else None,
-                "wall_s": time.time() - started, "routed_global_frac": None if math.isnan(frac) else frac,
-                "model_ideal_flop_frac": stats["model_ideal_flop_frac"].item(),
-                "model_computed_flop_frac": stats["model_computed_flop_frac"].item(),
-                "global_frac_per_layer": per_layer, "val_history": val_history,
+                "wall_s": time.time() - started, "routed_global_frac": routing["global_frac"],
+                "model_ideal_flop_frac": routing["attention_flop_frac_ideal"],
+                "model_computed_flop_frac": routing["attention_flop_frac_computed"],
+                "global_frac_per_layer": routing["global_frac_per_layer"], "val_history": val_history,
                 "router_lambdas": controller.lam.tolist() if controller is not None else None}
 
     bar = tqdm(total=tcfg.max_iters, initial=iter_num, disable=not (master and tcfg.progress_bar and sys.stderr.isatty()),
