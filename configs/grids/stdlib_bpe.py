@@ -5,12 +5,12 @@ Questions: does learned routing recover most of the local-to-dense gap (or beat 
 global attention? At equal attention cost, does it beat the fixed schedules LG, LLLG, LLLLLG and random
 routing matched to it layer by layer? Does the need for global attention fall as the window grows (16, 32,
 64, 128)? How do routing from scratch and routing fine-tuned onto a dense model compare at equal total tokens
-(everything trains / only the routers train)? What does sparse-mode training (exact first, then sparse, with
-exploration) cost in loss and save in compute? At 6 layers LLLG repeats to LLLGLL: one global layer like
+(everything trains / only the routers train)? What does sparse-mode training (exact first, then sparse; alone and
+with a per-layer budget) cost in loss and save in compute? At 6 layers LLLG repeats to LLLGLL: one global layer like
 LLLLLG (layer 3 against layer 5), so both cost 1/6 of the global attention, and the budget-targeted routed
 runs aim at 1/2 (LG) and 1/6 (LLLG, LLLLLG).
 
-Budget: 18 runs, 42 trainings of 100 steps x 4 x 512 tokens (0.2M tokens each; fine-tuning 50 dense + 50 routed
+Budget: 19 runs, 44 trainings of 100 steps x 4 x 512 tokens (0.2M tokens each; fine-tuning 50 dense + 50 routed
 steps), 6 layers x 4 heads x 64 wide: early training only. The 50,304-way output layer and its softmax cost most
 of every step, so all rows train at nearly one speed and halving the width saves only a third. Training speed of
 one run, one thread, measured on the 2-core CPU as CPU seconds per step over steps 3-12 of short runs (the speed
@@ -42,7 +42,9 @@ runs = {
     "random_matched": {"schedule": "R", "routing": "random", "random_global_q": "matched:routed", "seeds": _CORE},
     "routed_at_LG": {"schedule": "R", "router_target_global": 0.5},
     "routed_at_LLLG": {"schedule": "R", "router_target_global": 1 / 6, "seeds": _CORE},
-    "routed_sparse": {"schedule": "R", "routed_mode": "sparse", "sparse_from_iter": _N // 2, "router_explore": 0.05},
+    "routed_sparse": {"schedule": "R", "routed_mode": "sparse", "sparse_from_iter": _N // 2, "p_dense": 0.1},
+    "routed_sparse_target": {"schedule": "R", "routed_mode": "sparse", "sparse_from_iter": _N // 2, "p_dense": 0.1,
+                             "router_target_global": 1 / 6, "router_target_per_layer": True},
     "dense_half": {"schedule": "G", "max_iters": _N // 2},
     "finetuned": {"schedule": "R", "init_from": "run:dense_half", "max_iters": _N // 2},
     "finetuned_routers": {"schedule": "R", "init_from": "run:dense_half", "max_iters": _N // 2,
