@@ -2,9 +2,12 @@
 built from one. train.py, sample.py, evaluate.py and prune.py all go through here.
 
 A checkpoint is a dict: model (state dict), optimizer, model_config, train_config, iter_num, best_val_loss,
-data_meta (the corpus' meta.json) and rng (every RNG state, for exact resume).
+data_meta (the corpus' meta.json) and rng (every RNG state, for exact resume). A run folder holds the latest
+(ckpt.pt) and the one with the best val loss (ckpt_best.pt).
 """
 import os
+import shutil
+import sys
 
 import torch
 
@@ -28,6 +31,35 @@ def save_checkpoint(path, state):
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+BEST_NAME = "ckpt_best.pt"
+
+
+def save_best(path, best_path):
+    """Copy the checkpoint at path to best_path, atomically. A copy, not a hard link: damage to one file's
+    blocks must leave the other readable."""
+    tmp = best_path + ".tmp"
+    try:
+        shutil.copyfile(path, tmp)
+        os.replace(tmp, best_path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def load_resume_checkpoint(out_dir, device):
+    """The checkpoint to resume from: out_dir/ckpt.pt, or, if that one is corrupt, the best one with a warning
+    naming both files. (path, checkpoint)."""
+    path, best = os.path.join(out_dir, "ckpt.pt"), os.path.join(out_dir, BEST_NAME)
+    try:
+        return path, load_checkpoint(path, device)
+    except ValueError as e:
+        if not os.path.exists(best):
+            raise
+        ckpt = load_checkpoint(best, device)
+        print(f"WARNING: {e}; resuming from {best} (step {ckpt['iter_num']}) instead", file=sys.stderr)
+        return best, ckpt
 
 
 def load_checkpoint(path, device):

@@ -103,3 +103,14 @@ def parse_args_or_exit(argv, *schemas):
         return parse_args(argv, *schemas)
     except ConfigError as e:
         sys.exit(f"config error: {e}")
+
+
+def run_main(main, argv):
+    """Run a script's main: an expected error (a bad setting, a missing or corrupt file) ends it with one line on
+    stderr and exit status 1, not a traceback. NANOAHA_TRACEBACK=1 shows the traceback."""
+    try:
+        main(argv)
+    except (ValueError, OSError) as e:
+        if os.environ.get("NANOAHA_TRACEBACK"):
+            raise
+        sys.exit(f"error: {e}")

@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from kernels.attention import attention
+from kernels.attention import BACKENDS, attention
 from kernels.reference import local_visible, masked_attention
 
 KIND_OF_LETTER = {"G": "dense", "L": "local", "R": "routed"}
@@ -44,6 +44,18 @@ class GPTConfig:
     rope_base: float = 10000.0
 
     def __post_init__(self):
+        for key in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key}={getattr(self, key)} must be at least 1")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout={self.dropout} must be in [0, 1)")
+        if not 0.0 <= self.router_threshold <= 1.0:
+            raise ValueError(f"router_threshold={self.router_threshold} must be in [0, 1]")
+        if self.router_init_std < 0 or not self.rope_base > 0:
+            raise ValueError(f"router_init_std={self.router_init_std} must not be negative and "
+                             f"rope_base={self.rope_base} must be positive")
+        if self.attention_backend not in BACKENDS:
+            raise ValueError(f"attention_backend={self.attention_backend!r}: use one of {', '.join(BACKENDS)}")
         if not self.schedule or set(self.schedule) - set(KIND_OF_LETTER):
             raise ValueError(f"schedule={self.schedule!r}: use the letters G (dense), L (local), R (routed)")
         if self.n_embd % self.n_head:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from checkpoint import load_model
-from configurator import parse_args_or_exit
+from configurator import parse_args_or_exit, run_main
 from data.tokens import codec
 from device import pick_device
 from routing_stats import global_heads_per_token
@@ -28,6 +28,17 @@ class SampleConfig:
     use_kv_cache: bool = True
     show_routing: bool = False     # colour each token by how many heads went global
     router_threshold: float | None = None  # override the trained threshold (speed/quality trade-off)
+
+    def __post_init__(self):
+        if self.num_samples < 1 or self.max_new_tokens < 1:
+            raise ValueError(f"num_samples={self.num_samples} and max_new_tokens={self.max_new_tokens} must be at "
+                             f"least 1")
+        if self.temperature < 0:
+            raise ValueError(f"temperature={self.temperature} must not be negative (0: greedy)")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"top_k={self.top_k} must be at least 1, or None to sample from every token")
+        if self.router_threshold is not None and not 0.0 <= self.router_threshold <= 1.0:
+            raise ValueError(f"router_threshold={self.router_threshold} must be in [0, 1]")
 
 
 def colour_by_routing(pieces, counts, max_count):
@@ -69,4 +80,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run_main(main, sys.argv[1:])

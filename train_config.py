@@ -10,6 +10,7 @@ class TrainConfig:
     data_dir: str = ""
     doc_aligned_windows: bool = False    # training and val windows start at a document start (data/loader.py)
     init_from: str = "scratch"           # 'scratch', 'resume' (from out_dir), or a checkpoint path to fine-tune
+    overwrite: bool = False              # a new run may replace the checkpoints in out_dir (else it refuses)
     trainable: str = "all"               # 'all', or 'router': only the routers learn (the rest stays frozen)
     batch_size: int = 4
     grad_accum: int = 1
@@ -34,6 +35,7 @@ class TrainConfig:
     sparse_from_iter: int = 0            # with routed_mode='sparse': exact mode before this step
     p_dense: float = 0.0                 # probability that a step runs every routed head globally
     collapse_frac: float = 0.005         # warn when a routed layer's global fraction falls below this
+    max_nonfinite_steps: int = 10        # a non-finite loss or gradient skips the step; this many in a row stop
     eval_interval: int = 250
     eval_iters: int = 20
     log_interval: int = 10
@@ -45,17 +47,44 @@ class TrainConfig:
     seed: int = 1337
     progress_bar: bool = True
 
+    def __post_init__(self):
+        """Ranges of single settings (combinations: check_config). The parser turns these into one-line errors."""
+        at_least = {"batch_size": 1, "grad_accum": 1, "eval_interval": 1, "eval_iters": 1, "log_interval": 1,
+                    "max_nonfinite_steps": 1, "max_iters": 0, "warmup_iters": 0, "lr_decay_iters": 0,
+                    "router_lambda_start": 0, "router_lambda_ramp": 0, "sparse_from_iter": 0}
+        for key, low in at_least.items():
+            if getattr(self, key) < low:
+                raise ValueError(f"{key}={getattr(self, key)} must be at least {low}")
+        fractions = ("router_budget", "router_target_global", "p_dense", "collapse_frac", "beta1", "beta2")
+        for key in fractions:
+            if not 0.0 <= getattr(self, key) <= 1.0:
+                raise ValueError(f"{key}={getattr(self, key)} must be in [0, 1]")
+        if not self.learning_rate > 0:
+            raise ValueError(f"learning_rate={self.learning_rate} must be positive")
+        if not 0.0 <= self.min_lr <= self.learning_rate:
+            raise ValueError(f"min_lr={self.min_lr} must be in [0, learning_rate={self.learning_rate}]")
+        for key in ("weight_decay", "grad_clip", "router_lambda"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"{key}={getattr(self, key)} must not be negative")
+        for key in ("router_target_rate", "router_lambda_max"):
+            if not getattr(self, key) > 0:
+                raise ValueError(f"{key}={getattr(self, key)} must be positive")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype={self.dtype!r}: use 'auto', 'float32', 'bfloat16' or 'float16'")
+        if self.trainable not in ("all", "router"):
+            raise ValueError(f"trainable={self.trainable!r}: use 'all' or 'router'")
+        if not self.out_dir:
+            raise ValueError("out_dir is empty: name the folder for checkpoints and logs")
+
 
 def check_config(tcfg, mcfg):
     """Combinations of keys that cannot work, with what to change."""
-    if tcfg.trainable not in ("all", "router"):
-        raise ValueError(f"trainable={tcfg.trainable!r}: use 'all' or 'router'")
     learned = mcfg.routing == "learned" and "R" in mcfg.layer_letters
     if tcfg.trainable == "router" and not learned:
         raise ValueError("trainable='router' needs learned routers: a schedule with R and routing='learned'")
-    if not 0.0 <= tcfg.router_target_global <= 1.0:
-        raise ValueError(f"router_target_global={tcfg.router_target_global} must be a global fraction in [0, 1]")
     if tcfg.router_target_global > 0 and not learned:
         raise ValueError("router_target_global needs learned routers: a schedule with R and routing='learned'")
     if tcfg.sparse_from_iter > 0 and mcfg.routed_mode != "sparse":
         raise ValueError("sparse_from_iter switches exact -> sparse: set routed_mode='sparse' with it")
+    if tcfg.router_target_global > 0 and tcfg.router_lambda == 0:
+        raise ValueError("router_target_global scales lambda from router_lambda: set router_lambda > 0 with it")

@@ -35,6 +35,7 @@ class TokenData:
         self.starts = {}
         for split in ("train", "val"):
             n = self.check_files(split)
+            self.meta.setdefault(f"{split}_tokens", n)  # checkpoints record it: resuming checks the data
             if n <= block_size:
                 raise ValueError(f"{token_path(data_dir, split)} holds {n} tokens, not more than "
                                  f"block_size={block_size}: use a smaller block_size or more data")
@@ -92,6 +93,10 @@ class TokenData:
     def batch(self, split, starts):
         """(x, y) for windows starting at starts; y is -1 where the loss mask says a target carries no loss."""
         x, y = self.windows(split, starts, 0), self.windows(split, starts, 1)
+        top = max(int(x.max()), int(y.max()))
+        if top >= self.meta["vocab_size"]:
+            raise ValueError(f"{token_path(self.data_dir, split)} holds token id {top} but meta.json says "
+                             f"vocab_size {self.meta['vocab_size']}: run the corpus's prepare.py again")
         if "loss_mask" in self.arrays:
             y[self.token_array(split, "loss_mask", starts) == 0] = -1
         return x, y
@@ -100,13 +105,15 @@ class TokenData:
         """The per-token array `name` for the windows at starts, aligned with the targets y."""
         return self.windows(split, starts, 1, name)
 
-    def train_batch(self, batch_size, generator):
+    def train_starts(self, n, generator):
+        """n random window starts of the train split, drawn from generator."""
         starts = self.starts["train"]
         if starts is None:
-            n = len(self.tokens("train")) - self.block_size
-            return self.batch("train", torch.randint(n, (batch_size,), generator=generator).tolist())
-        picks = torch.randint(len(starts), (batch_size,), generator=generator).numpy()
-        return self.batch("train", starts[picks].tolist())
+            return torch.randint(len(self.tokens("train")) - self.block_size, (n,), generator=generator).tolist()
+        return starts[torch.randint(len(starts), (n,), generator=generator).numpy()].tolist()
+
+    def train_batch(self, batch_size, generator):
+        return self.batch("train", self.train_starts(batch_size, generator))
 
     def val_starts(self, n):
         """n window starts, the same every call: evenly spaced over the val split."""

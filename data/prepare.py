@@ -26,6 +26,7 @@ import numpy as np
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from configurator import run_main  # noqa: E402
 from data.tokens import ENCODINGS, Encoder, TokenWriter, token_path, write_meta  # noqa: E402
 
 CHUNK_CHARS = 1 << 20  # characters of text per unit of work for an encoding process
@@ -224,19 +225,34 @@ def fetch(source, path):
         except (OSError, ValueError) as e:
             if os.path.exists(path + ".tmp"):
                 os.remove(path + ".tmp")
-            raise RuntimeError(f"could not download {source} ({e}); offline, pass a local copy with "
+            raise ConnectionError(f"could not download {source} ({e}); offline, pass a local copy with "
                                f"--input=PATH") from None
         os.replace(path + ".tmp", path)
     return path
 
 
+def positive_int(text):
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def open_fraction(text):
+    value = float(text)
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be between 0 and 1")
+    return value
+
+
 def add_options(parser, encoding="gpt2"):
     """The options every corpus's prepare.py shares."""
     parser.add_argument("--encoding", default=encoding, choices=ENCODINGS)
-    parser.add_argument("--val_fraction", type=float, default=0.05)
+    parser.add_argument("--val_fraction", type=open_fraction, default=0.05)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--num_proc", type=int, default=None, help="encoding processes (default: CPUs, at most 8)")
-    parser.add_argument("--max_tokens", type=int, default=None, help="stop after about this many tokens")
+    parser.add_argument("--num_proc", type=positive_int, default=None,
+                        help="encoding processes (default: CPUs, at most 8)")
+    parser.add_argument("--max_tokens", type=positive_int, default=None, help="stop after about this many tokens")
 
 
 def options(args):
@@ -267,4 +283,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run_main(main, sys.argv[1:])

@@ -85,7 +85,7 @@ def load_tiktoken(name):
     except (OSError, ValueError) as e:  # no network (requests' errors are OSErrors), or a corrupt download
         cache = os.environ.get("TIKTOKEN_CACHE_DIR")
         where = f"TIKTOKEN_CACHE_DIR={cache} does not hold them" if cache else "TIKTOKEN_CACHE_DIR is not set"
-        raise RuntimeError(
+        raise OSError(
             f"tiktoken could not load the files of the {name!r} encoding ({type(e).__name__}: {e}); {where}. "
             f"Online, tiktoken downloads them once into its cache. Offline, run "
             f"`TIKTOKEN_CACHE_DIR=DIR python -c \"import tiktoken; tiktoken.get_encoding('{name}')\"` on a machine "

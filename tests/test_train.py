@@ -2,7 +2,6 @@ import json
 import math
 import os
 import re
-import socket
 import subprocess
 import sys
 
@@ -269,24 +268,6 @@ def test_train_and_sample_command_lines(tmp_path, tiny_corpus):
     assert "heads that went global" in sampled.stdout and "\x1b[48;5;" in sampled.stdout
     bad = run("train.py", "configs/quickstart.py", "--max_iter=3")
     assert bad.returncode != 0 and "did you mean max_iters" in bad.stderr
-
-
-@pytest.mark.slow
-def test_ddp_two_processes_on_cpu(tmp_path, tiny_corpus):
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    with socket.socket() as s:  # a free loopback port for the rendezvous, on the loopback interface only
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
-                             "--master_addr=127.0.0.1", f"--master_port={port}",
-                             "train.py", "configs/quickstart.py", f"--data_dir={tiny_corpus}",
-                             f"--out_dir={tmp_path}", "--max_iters=2", "--eval_iters=1", "--block_size=32",
-                             "--window=8", "--n_layer=1", "--log_interval=1", "--tensorboard=False"],
-                            cwd=root, capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "GLOO_SOCKET_IFNAME": "lo"})
-    assert result.returncode == 0, result.stdout[-1000:] + result.stderr[-3000:]
-    assert "2 process(es)" in result.stdout and "iter 2: loss" in result.stdout
-    assert checkpoint.load_checkpoint(str(tmp_path), "cpu")["iter_num"] == 2
 
 
 def test_collapse_is_reported(capsys):

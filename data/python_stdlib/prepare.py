@@ -13,6 +13,7 @@ import sysconfig
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from configurator import run_main  # noqa: E402
 from data.prepare import add_options, options, prepare_files, report  # noqa: E402
 
 EXCLUDED_DIRS = {"test", "tests", "idle_test", "site-packages", "__pycache__"}
@@ -26,7 +27,7 @@ def stdlib_files():
         if EXCLUDED_DIRS.isdisjoint(parts) and not parts[-1].startswith("test_") and path.stat().st_size:
             files.append(path)
     if not files:
-        raise RuntimeError(f"no Python source files found under {root}")
+        raise FileNotFoundError(f"no Python source files found under {root}")
     return root, files
 
 
@@ -43,4 +44,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run_main(main, sys.argv[1:])

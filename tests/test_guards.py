@@ -1,0 +1,224 @@
+"""Never lose a run: refused overwrites, non-finite steps, latest and best checkpoints, signals, setting ranges,
+resuming on other data, and one-line errors from every script."""
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import checkpoint
+import train
+from configurator import ConfigError, parse_args
+from data.loader import TokenData
+from data.tokens import write_meta, write_tokens
+from model import GPT, GPTConfig
+from sample import SampleConfig
+from train import TrainConfig, TrainingStopped
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["--block_size=32", "--window=8", "--n_layer=1", "--n_embd=32", "--n_head=2", "--eval_iters=1",
+        "--batch_size=2", "--tensorboard=False", "--device=cpu"]
+
+
+def configs(tmp_path, corpus, **overrides):
+    values = {"data_dir": str(corpus), "out_dir": str(tmp_path / "out"), "block_size": 32, "n_layer": 2,
+              "n_head": 2, "n_embd": 32, "window": 8, "batch_size": 4, "max_iters": 6, "eval_interval": 3,
+              "eval_iters": 2, "log_interval": 3, "warmup_iters": 2, "learning_rate": 3e-3, "tensorboard": False,
+              "device": "cpu", **overrides}
+    return parse_args([f"--{k}={v!r}" if isinstance(v, str) else f"--{k}={v}" for k, v in values.items()],
+                      TrainConfig, GPTConfig)
+
+
+def weights(path):
+    return torch.load(path, weights_only=False)["model"]
+
+
+def run(*args, **kwargs):
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300, **kwargs)
+
+
+def test_a_new_run_refuses_a_folder_with_a_checkpoint_unless_told_to_overwrite(tmp_path, tiny_corpus):
+    train.train(*configs(tmp_path, tiny_corpus, max_iters=3))
+    ckpt = tmp_path / "out" / "ckpt.pt"
+    before = ckpt.stat().st_mtime_ns
+    with pytest.raises(ValueError, match="--init_from=resume.*--overwrite"):
+        train.train(*configs(tmp_path, tiny_corpus, max_iters=3))
+    with pytest.raises(ValueError, match="exists"):  # a fine-tuning run too
+        train.train(*configs(tmp_path, tiny_corpus, max_iters=3, init_from=str(ckpt)))
+    assert ckpt.stat().st_mtime_ns == before
+    result = train.train(*configs(tmp_path, tiny_corpus, max_iters=2, overwrite=True, eval_interval=100))
+    assert checkpoint.load_checkpoint(str(ckpt), "cpu")["iter_num"] == 2
+    assert checkpoint.load_checkpoint(str(tmp_path / "out" / checkpoint.BEST_NAME), "cpu")["iter_num"] in (0, 2)
+    assert math.isfinite(result["val_loss"])
+
+
+def test_non_finite_steps_are_skipped_counted_and_leave_the_weights_alone(tmp_path, tiny_corpus, monkeypatch,
+                                                                          capsys):
+    forward, calls, stepped = GPT.forward, [0], []
+    poisoned = {2, 3}  # training forwards (steps) whose loss becomes NaN
+
+    def poisoning_forward(self, idx, targets=None, **kwargs):
+        out = forward(self, idx, targets, **kwargs)
+        if self.training:
+            if calls[0] in poisoned:
+                out.loss = out.loss * float("nan")
+            calls[0] += 1
+        return out
+
+    step = torch.optim.AdamW.step
+    monkeypatch.setattr(GPT, "forward", poisoning_forward)
+    monkeypatch.setattr(torch.optim.AdamW, "step", lambda self, *a, **k: (stepped.append(calls[0] - 1),
+                                                                          step(self, *a, **k))[1])
+    result = train.train(*configs(tmp_path, tiny_corpus, max_iters=6, eval_interval=100))
+    assert stepped == [0, 1, 4, 5]  # no optimizer update on the poisoned steps
+    out = capsys.readouterr().out
+    assert "step 2: non-finite loss, step skipped (1 in a row, 1 in all)" in out
+    assert "step 3: non-finite loss, step skipped (2 in a row, 2 in all)" in out
+    summary = json.load(open(tmp_path / "out" / "train_summary.json"))
+    assert summary["nonfinite_steps"] == 2 and summary["complete"] and math.isfinite(result["val_loss"])
+
+
+def test_a_diverging_run_stops_and_keeps_its_last_good_checkpoints(tmp_path, tiny_corpus, capsys):
+    with pytest.raises(TrainingStopped, match="diverged: 4 non-finite steps in a row.*lower learning_rate"):
+        train.train(*configs(tmp_path, tiny_corpus, max_iters=200, eval_interval=2, learning_rate=1e3,
+                             warmup_iters=1, max_nonfinite_steps=4))
+    out_dir = tmp_path / "out"
+    latest = checkpoint.load_checkpoint(str(out_dir / "ckpt.pt"), "cpu")
+    best = checkpoint.load_checkpoint(str(out_dir / checkpoint.BEST_NAME), "cpu")
+    for ckpt in (latest, best):
+        assert all(torch.isfinite(t).all() for t in ckpt["model"].values())
+    assert best["iter_num"] == 0 and best["best_val_loss"] < 6  # the untrained model was the best one
+    assert latest["iter_num"] < 200
+
+
+def test_a_non_finite_val_loss_writes_no_checkpoint(tmp_path, tiny_corpus, monkeypatch, capsys):
+    train.train(*configs(tmp_path, tiny_corpus, max_iters=3))
+    before = weights(tmp_path / "out" / "ckpt.pt")
+    evaluate = train.evaluate
+    monkeypatch.setattr(train, "evaluate", lambda *a: (float("nan"), evaluate(*a)[1]))
+    train.train(*configs(tmp_path, tiny_corpus, max_iters=6, init_from="resume"))
+    assert "val loss is not finite" in capsys.readouterr().out
+    after = checkpoint.load_checkpoint(str(tmp_path / "out"), "cpu")
+    assert after["iter_num"] == 3 and all(torch.equal(after["model"][k], v) for k, v in before.items())
+
+
+def test_the_best_checkpoint_is_kept_and_a_corrupt_latest_falls_back_to_it(tmp_path, tiny_corpus, capsys):
+    train.train(*configs(tmp_path, tiny_corpus, max_iters=6))
+    out_dir = tmp_path / "out"
+    latest = checkpoint.load_checkpoint(str(out_dir / "ckpt.pt"), "cpu")
+    best = checkpoint.load_checkpoint(str(out_dir / checkpoint.BEST_NAME), "cpu")
+    losses = dict((step, loss) for step, loss in latest["val_history"])
+    assert best["best_val_loss"] == min(losses.values()) and losses[best["iter_num"]] == best["best_val_loss"]
+    (out_dir / "ckpt.pt").write_bytes(b"half a checkpoint")
+    train.train(*configs(tmp_path, tiny_corpus, max_iters=8, init_from="resume"))
+    err = capsys.readouterr().err
+    assert "corrupt" in err and checkpoint.BEST_NAME in err and f"step {best['iter_num']}" in err
+    assert checkpoint.load_checkpoint(str(out_dir / "ckpt.pt"), "cpu")["iter_num"] == 8
+
+
+def test_sigterm_saves_the_current_step_and_resuming_continues_exactly(tmp_path, tiny_corpus):
+    common = [f"--data_dir={tiny_corpus}", *TINY, "--lr_decay_iters=1000", "--eval_interval=1000",
+              "--log_interval=1", "--routing='random'", "--dropout=0.1", "--p_dense=0.3", "--progress_bar=False"]
+    stopped = tmp_path / "stopped"
+    proc = subprocess.Popen([sys.executable, "train.py", "configs/quickstart.py", *common, "--max_iters=100000",
+                             f"--out_dir={stopped}"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    for line in proc.stdout:  # wait until it trains
+        if line.startswith("iter 3:"):
+            break
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "Traceback" not in err and err.strip().startswith("stopped by SIGTERM: saved")
+    step = checkpoint.load_checkpoint(str(stopped), "cpu")["iter_num"]
+    assert f"at step {step};" in err and step >= 3
+    resumed = run("train.py", "configs/quickstart.py", *common, f"--max_iters={step + 3}", f"--out_dir={stopped}",
+                  "--init_from=resume")
+    straight = run("train.py", "configs/quickstart.py", *common, f"--max_iters={step + 3}",
+                   f"--out_dir={tmp_path / 'straight'}")
+    assert resumed.returncode == 0 and straight.returncode == 0, resumed.stderr + straight.stderr
+    a, b = weights(stopped / "ckpt.pt"), weights(tmp_path / "straight" / "ckpt.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_sigint_saves_and_exits_with_130(tmp_path, tiny_corpus):
+    proc = subprocess.Popen([sys.executable, "train.py", "configs/quickstart.py", f"--data_dir={tiny_corpus}", *TINY,
+                             "--max_iters=100000", "--log_interval=1", f"--out_dir={tmp_path}",
+                             "--progress_bar=False"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    for line in proc.stdout:
+        if line.startswith("iter 2:"):
+            break
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "stopped by SIGINT: saved" in err and "Traceback" not in err
+    assert checkpoint.load_checkpoint(str(tmp_path), "cpu")["iter_num"] >= 2
+
+
+@pytest.mark.parametrize("setting", ["batch_size=0", "eval_interval=0", "log_interval=0", "grad_accum=0",
+                                     "eval_iters=0", "n_layer=0", "n_head=0", "dtype='float8'", "max_iters=-5",
+                                     "min_lr=-1e-4", "learning_rate=0", "p_dense=1.5", "router_threshold=2",
+                                     "dropout=1.0", "router_lambda=-1", "attention_backend='cuda'"])
+def test_settings_out_of_range_name_the_setting(setting):
+    key = setting.split("=")[0]
+    with pytest.raises(ConfigError, match=key):
+        parse_args([f"--{setting}"], TrainConfig, GPTConfig)
+
+
+@pytest.mark.parametrize("setting", ["top_k=0", "temperature=-1", "max_new_tokens=-5", "num_samples=0",
+                                     "router_threshold=1.5"])
+def test_sample_settings_out_of_range_name_the_setting(setting):
+    with pytest.raises(ConfigError, match=setting.split("=")[0]):
+        parse_args([f"--{setting}"], SampleConfig)
+
+
+def test_scripts_end_expected_errors_with_one_line(tmp_path, tiny_corpus):
+    cases = [("train.py", "configs/quickstart.py", f"--data_dir={tiny_corpus}", f"--out_dir={tmp_path}",
+              "--init_from=resume"),
+             ("train.py", "configs/quickstart.py", "--batch_size=0"),
+             ("sample.py", f"--out_dir={tmp_path / 'nothing'}"),
+             ("sample.py", "--top_k=0"),
+             ("evaluate.py", str(tmp_path / "nothing")),
+             ("data/python_stdlib/prepare.py", "--num_proc=0")]
+    for args in cases:
+        result = run(*args)
+        assert result.returncode != 0 and "Traceback" not in result.stderr, (args, result.stderr)
+        lines = result.stderr.strip().splitlines()
+        assert "error" in lines[-1] and (len(lines) == 1 or lines[0].startswith("usage:")), (args, lines)
+    assert "no checkpoint at" in run(*cases[0]).stderr
+
+
+def test_resuming_on_other_data_is_refused(tmp_path, tiny_corpus):
+    train.train(*configs(tmp_path, tiny_corpus, max_iters=3))
+    other = tmp_path / "other"
+    other.mkdir()
+    for split in ("train", "val"):
+        data = np.fromfile(tiny_corpus / f"{split}.bin", dtype=np.uint16)
+        write_tokens(str(other), split, [data[: len(data) // 2 + 1]], np.uint16, 0)
+    write_meta(str(other), {"encoding": "bytes", "vocab_size": 256, "dtype": "uint16", "eot_token": 0})
+    with pytest.raises(ValueError, match="trained on other data.*train_tokens"):
+        train.train(*configs(tmp_path, other, max_iters=6, init_from="resume"))
+
+
+def test_token_ids_beyond_the_vocab_of_meta_json_are_named(tmp_path):
+    tokens = np.arange(200, dtype=np.uint16) % 120
+    for split in ("train", "val"):
+        write_tokens(str(tmp_path), split, [tokens], np.uint16, 0)
+    write_meta(str(tmp_path), {"encoding": "bytes", "vocab_size": 100, "dtype": "uint16", "eot_token": 0})
+    data = TokenData(str(tmp_path), 150, 256)
+    with pytest.raises(ValueError, match="token id 119 but meta.json says vocab_size 100"):
+        data.val_batches(1, 1)
+
+
+def test_float16_trains_with_a_gradient_scaler_and_resumes_it(tmp_path, tiny_corpus):
+    train.train(*configs(tmp_path, tiny_corpus, max_iters=3, n_layer=1, dtype="float16"))
+    ckpt = checkpoint.load_checkpoint(str(tmp_path / "out"), "cpu")
+    assert ckpt["scaler"] is not None and ckpt["scaler"]["scale"] > 0
+    result = train.train(*configs(tmp_path, tiny_corpus, max_iters=4, n_layer=1, dtype="float16",
+                                  init_from="resume"))
+    assert math.isfinite(result["val_loss"])
