@@ -110,7 +110,7 @@ def run_main(main, argv):
     stderr and exit status 1, not a traceback. NANOAHA_TRACEBACK=1 shows the traceback."""
     try:
         main(argv)
-    except (ValueError, OSError) as e:
+    except (ValueError, OSError, ImportError) as e:  # ImportError: an optional dependency is missing
         if os.environ.get("NANOAHA_TRACEBACK"):
             raise
         sys.exit(f"error: {e}")

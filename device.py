@@ -25,6 +25,19 @@ def pick_dtype(name, device):
     return DTYPES[name]
 
 
+# dense bf16 / fp16 tensor-core peaks per GPU (vendor datasheets, without sparsity), for MFU
+PEAK_FLOPS_16BIT = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12, "A10G": 70e12,
+                    "RTX 4090": 165e12, "RTX 3090": 71e12}
+
+
+def peak_flops(device, dtype):
+    """The device's 16-bit peak FLOP/s if it is a GPU named above and dtype is 16-bit, else None (no MFU)."""
+    if not device.startswith("cuda") or dtype not in (torch.bfloat16, torch.float16):
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((flops for key, flops in PEAK_FLOPS_16BIT.items() if key in name), None)
+
+
 def autocast_context(device, dtype):
     """Mixed precision for 16-bit dtypes; nothing for fp32."""
     device_type = "cuda" if device.startswith("cuda") else "cpu"

@@ -42,6 +42,8 @@ class GPTConfig:
     routed_mode: str = "exact"      # 'exact': full + local for every token; 'sparse': full only where gated
     attention_backend: str = "auto"
     rope_base: float = 10000.0
+    position_embedding: str = "rope"  # 'rope', or 'learned' absolute positions (GPT-2's, for init_from='gpt2')
+    gelu_approximate: str = "none"  # 'tanh': GPT-2's GELU
 
     def __post_init__(self):
         for key in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
@@ -60,7 +62,11 @@ class GPTConfig:
             raise ValueError(f"schedule={self.schedule!r}: use the letters G (dense), L (local), R (routed)")
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
-        if (self.n_embd // self.n_head) % 2:
+        if self.position_embedding not in ("rope", "learned"):
+            raise ValueError(f"position_embedding={self.position_embedding!r}: use 'rope' or 'learned'")
+        if self.gelu_approximate not in ("none", "tanh"):
+            raise ValueError(f"gelu_approximate={self.gelu_approximate!r}: use 'none' or 'tanh'")
+        if self.position_embedding == "rope" and (self.n_embd // self.n_head) % 2:
             raise ValueError("head size n_embd // n_head must be even for rotary embeddings")
         if not 1 <= self.window <= self.block_size:
             raise ValueError(f"window={self.window} must be between 1 and block_size={self.block_size}; "
@@ -166,7 +172,8 @@ class Attention(nn.Module):
     def forward(self, x, cos, sin, force_global=False, cache=None):
         B, T, C = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if cos is not None:  # rotary positions (else learned absolute ones were added to the input)
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         hard, gate, p = self.route(x, force_global)
         cfg = self.config
         if cache is not None and cache.length > 0:
@@ -205,9 +212,10 @@ class MLP(nn.Module):
         self.fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
         self.proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
+        self.approximate = config.gelu_approximate
 
     def forward(self, x):
-        return self.dropout(self.proj(F.gelu(self.fc(x))))
+        return self.dropout(self.proj(F.gelu(self.fc(x), approximate=self.approximate)))
 
 
 class Block(nn.Module):
@@ -254,6 +262,7 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.wpe = nn.Embedding(config.block_size, config.n_embd) if config.position_embedding == "learned" else None
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config, kind, layer) for layer, kind in enumerate(config.kinds))
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
@@ -295,8 +304,12 @@ class GPT(nn.Module):
         start = cache[0].length if cache else 0
         if start + T > self.config.block_size:
             raise ValueError(f"sequence of {start + T} tokens is longer than block_size={self.config.block_size}")
-        cos, sin = self.rope_cos[start:start + T], self.rope_sin[start:start + T]
-        x = self.drop(self.wte(idx))
+        x = self.wte(idx)
+        if self.wpe is not None:
+            x, cos, sin = x + self.wpe(torch.arange(start, start + T, device=idx.device)), None, None
+        else:
+            cos, sin = self.rope_cos[start:start + T], self.rope_sin[start:start + T]
+        x = self.drop(x)
         gates, probs = [], []
         for i, block in enumerate(self.blocks):
             x, hard, p = block(x, cos, sin, force_global, cache[i] if cache else None)

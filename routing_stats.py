@@ -25,6 +25,16 @@ def keys_read(kind, T, window, n_sink, device=None):
     return torch.clamp(t + 1, max=window) + torch.clamp(t + 1 - window, min=0).clamp(max=n_sink)
 
 
+def training_flops_per_token(config, n_params, computed_flop_frac):
+    """FLOPs of one training token (forward and backward), as computed: 6 per parameter (the tied embedding
+    counted once, as the output layer's matmul; learned positions are a lookup and left out), plus attention:
+    4 * d FLOPs per query-key pair forward (QK^T and AV), 3x that with the backward, over the mean T / 2 keys
+    of causal attention per layer, scaled by what the attention computed relative to dense."""
+    attention_dense = 6 * config.n_layer * config.n_embd * config.block_size
+    positions = config.block_size * config.n_embd if config.position_embedding == "learned" else 0
+    return 6 * (n_params - positions) + attention_dense * float(computed_flop_frac)
+
+
 @torch.no_grad()
 def routing_stats(output, config):
     """Routing statistics of one forward pass (a model.GPTOutput).

@@ -20,12 +20,15 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from checkpoint import BEST_NAME, load_checkpoint, load_model_state, load_resume_checkpoint, save_best, save_checkpoint
+from checkpoint import (BEST_NAME, load_checkpoint, load_model_state, load_resume_checkpoint, save_best,
+                        save_checkpoint)
 from configurator import parse_args_or_exit, run_main
 from data.loader import TokenData
-from device import autocast_context, pick_device, pick_dtype
+from device import autocast_context, peak_flops, pick_device, pick_dtype
+from gpt2_weights import gpt2_state_dict, is_pretrained
 from model import GPT, RUNTIME_KEYS, GPTConfig
-from routing_stats import format_routing, mean_stats, routing_stats, routing_summary, warn_collapse
+from routing_stats import (format_routing, mean_stats, routing_stats, routing_summary, training_flops_per_token,
+                           warn_collapse)
 from tensorboard_log import Logger
 from train_config import TrainConfig, check_config
 
@@ -262,6 +265,8 @@ def _train_on(tcfg, mcfg, signals, ddp, rank, world, device):
             order = "continues unchanged" if saved_batch == global_batch else \
                 f"changes: the global batch is now {global_batch} windows (was {saved_batch})"
             print(f"{message}; the data order {order}")
+    elif is_pretrained(tcfg.init_from):
+        load_model_state(model, gpt2_state_dict(tcfg.init_from, mcfg), tcfg.init_from, allow_new_routers=True)
     elif tcfg.init_from != "scratch":
         ckpt = load_checkpoint(tcfg.init_from, device)
         load_model_state(model, ckpt["model"], tcfg.init_from, allow_new_routers=True)
@@ -279,6 +284,7 @@ def _train_on(tcfg, mcfg, signals, ddp, rank, world, device):
     val_batches = data.val_batches(tcfg.batch_size, tcfg.eval_iters)
     tokens_per_iter = global_batch * mcfg.block_size
     params = [p for p in raw_model.parameters() if p.requires_grad]
+    n_params, peak = raw_model.num_params(), tcfg.peak_flops or peak_flops(device, dtype)
     history, result = [], {}
     nonfinite_run, nonfinite_total = 0, 0
     saved_at = [None, None]  # the steps of the latest and the best checkpoint this run wrote
@@ -360,14 +366,18 @@ def _train_on(tcfg, mcfg, signals, ddp, rank, world, device):
         stats = mean_stats([r["stats"] for r in ranks])
         loss, lm_loss, penalty, mean_p = (sum(v) / len(ranks) for v in zip(*(r["losses"] for r in ranks)))
         eta, tok_s = dt * (tcfg.max_iters - iter_num), tokens_per_iter / dt
+        flops = training_flops_per_token(mcfg, n_params, stats["model_computed_flop_frac"]) * tok_s / world
+        mfu = f", MFU {flops / peak:.1%}" if peak else ""
         lam = float(torch.as_tensor(lam).float().mean())
         tqdm.write(f"iter {iter_num}: loss {loss:.4f} (lm {lm_loss:.4f} + penalty {penalty:.2g}; mean p "
                    f"{mean_p:.3f}, lambda {lam:.2g}) | {format_routing(stats)}"
-                   f"{' [forced global]' if force_global else ''} | lr {lr:.2e} | {tok_s:,.0f} tok/s | "
+                   f"{' [forced global]' if force_global else ''} | lr {lr:.2e} | {tok_s:,.0f} tok/s ({flops / 1e12:.3g} TFLOP/s per "
+                   f"device{mfu}) | "
                    f"ETA {eta / 60:.1f} min")
         logger.scalars(iter_num, {"train/loss": loss, "train/lm_loss": lm_loss, "train/penalty_added": penalty,
                                   "train/mean_p": mean_p, "train/lambda": lam, "train/lr": lr,
-                                  "train/tokens_per_s": tok_s, "train/nonfinite_steps": nonfinite_total})
+                                  "train/tokens_per_s": tok_s, "train/nonfinite_steps": nonfinite_total,
+                                  "train/tflops_per_device": flops / 1e12, **({"train/mfu": flops / peak} if peak else {})})
         logger.routing(iter_num, "train_routing", stats, mcfg.kinds)
 
     bar = tqdm(total=tcfg.max_iters, initial=iter_num, disable=not (master and tcfg.progress_bar and sys.stderr.isatty()),

@@ -44,6 +44,7 @@ class TrainConfig:
     device: str = "auto"                 # 'auto', 'cpu', 'cuda', 'cuda:1', 'mps'
     dtype: str = "auto"                  # 'auto' (bf16 on CUDA, else fp32), 'float32', 'bfloat16', 'float16'
     compile: bool = False
+    peak_flops: float = 0.0              # per device, for MFU; 0: a known GPU's 16-bit peak (device.py), else none
     seed: int = 1337
     progress_bar: bool = True
 
@@ -63,7 +64,7 @@ class TrainConfig:
             raise ValueError(f"learning_rate={self.learning_rate} must be positive")
         if not 0.0 <= self.min_lr <= self.learning_rate:
             raise ValueError(f"min_lr={self.min_lr} must be in [0, learning_rate={self.learning_rate}]")
-        for key in ("weight_decay", "grad_clip", "router_lambda"):
+        for key in ("weight_decay", "grad_clip", "router_lambda", "peak_flops"):
             if getattr(self, key) < 0:
                 raise ValueError(f"{key}={getattr(self, key)} must not be negative")
         for key in ("router_target_rate", "router_lambda_max"):

@@ -9,6 +9,8 @@ import pytest
 import torch
 
 import checkpoint
+import device
+import routing_stats
 import train
 from configurator import ConfigError, parse_args
 from model import GPT, GPTConfig
@@ -276,3 +278,22 @@ def test_collapse_is_reported(capsys):
              "mean_p": torch.tensor([[0.01, 0.02], [0.4, 0.3], [float("nan")] * 2])}
     assert warn_collapse(stats, kinds, 0.005, step=250) == [0]
     assert "router collapse in layer(s) 0 (0.05% global" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_compile_trains_like_eager_on_the_cpu(tmp_path, tiny_corpus):
+    common = {"max_iters": 3, "eval_interval": 100, "n_layer": 1, "schedule": "G", "attention_backend": "torch"}
+    eager = train.train(*configs(tmp_path / "eager", tiny_corpus, **common))
+    compiled = train.train(*configs(tmp_path / "compiled", tiny_corpus, compile=True, **common))
+    assert compiled["losses"] == pytest.approx(eager["losses"], rel=1e-4)
+    assert compiled["val_loss"] == pytest.approx(eager["val_loss"], rel=1e-4)
+
+
+def test_training_flops_count_parameters_and_attention_as_computed():
+    config = GPTConfig(block_size=64, n_layer=2, n_head=2, n_embd=32, window=8)
+    attention_dense = 6 * 2 * 32 * 64  # 4 d FLOPs per query-key pair, x3 with the backward, T / 2 keys, 2 layers
+    assert routing_stats.training_flops_per_token(config, 1000, 1.0) == 6 * 1000 + attention_dense
+    assert routing_stats.training_flops_per_token(config, 1000, 0.25) == 6 * 1000 + attention_dense / 4
+    learned = GPTConfig(block_size=64, n_layer=2, n_head=2, n_embd=32, window=8, position_embedding="learned")
+    assert routing_stats.training_flops_per_token(learned, 1000 + 64 * 32, 0.0) == 6 * 1000
+    assert device.peak_flops("cpu", torch.bfloat16) is None

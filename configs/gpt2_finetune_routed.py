@@ -1,0 +1,33 @@
+# Routing fine-tuned onto OpenAI's pretrained GPT-2 (124M; init_from = "gpt2-medium", "gpt2-large", "gpt2-xl"
+# for the larger ones with their sizes), as the AHA paper does with OLMo-2: GPT-2's learned positions, biases
+# and tanh GELU, T = 1024 (its longest), window 128 + 4 sinks. Needs `pip install transformers` and internet
+# once (or --init_from=hf:PATH to a saved model).
+#   python data/fineweb_edu/prepare.py --max_tokens=1_000_000_000
+#   torchrun --standalone --nproc_per_node=8 train.py configs/gpt2_finetune_routed.py
+out_dir = "out/gpt2_finetune_routed"
+init_from = "gpt2"
+dataset = "fineweb_edu"
+vocab_size = 50257      # GPT-2's own embedding
+n_layer = 12
+n_head = 12
+n_embd = 768
+bias = True
+position_embedding = "learned"
+gelu_approximate = "tanh"
+schedule = "R"
+routed_mode = "exact"
+block_size = 1024
+window = 128
+n_sink = 4
+batch_size = 32         # per GPU: 8 x 32 x 1024 = 262,144 tokens per step
+max_iters = 2000
+learning_rate = 6e-5
+min_lr = 6e-6
+warmup_iters = 100
+router_lambda = 3e-4
+router_lambda_ramp = 500
+dtype = "bfloat16"
+compile = True
+eval_interval = 250
+eval_iters = 50
+log_interval = 10
