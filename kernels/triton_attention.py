@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from kernels.gates import combine, combine_rows, compact_gates
 from kernels.triton_common import check_inputs
-from kernels.triton_global import GlobalAttention
+from kernels.triton_global import global_attention
 from kernels.triton_local import local_attention
 
 
@@ -22,4 +22,4 @@ def routed_attention(q, k, v, gate, window, n_sink=0, mode="exact"):
     if mode == "exact":
         return combine(local, F.scaled_dot_product_attention(q, k, v, is_causal=True), gate)
     pos, valid = compact_gates(gate.detach() > 0.5)
-    return combine_rows(local, GlobalAttention.apply(q, k, v, pos, valid), gate, pos, valid)[0]
+    return combine_rows(local, global_attention(q, k, v, pos, valid), gate, pos, valid)[0]

@@ -113,45 +113,74 @@ def _global_bwd_dkdv_kernel(Q, K, V, POS, FIRST_VALID, DO, LSE, DELTA, FIRST_ROW
     store_rows(DV + bh.to(tl.int64) * T * D, keys, D, dv.to(DV.dtype.element_ty), in_seq, D)
 
 
-class GlobalAttention(torch.autograd.Function):
+# Custom ops, as in triton_local.py: opaque to torch.compile, traced by their fake (shape-only) versions.
+@torch.library.custom_op("nanoaha::triton_global_fwd", mutates_args=())
+def global_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor,
+                   first_valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """pos (B * H, n_rows) int32, first_valid (B * H,) int32 -> the compacted rows' output and log-sum-exp."""
+    B, H, T, D = q.shape
+    n_rows = pos.shape[-1]
+    cfg = launch_config(D, q.dtype)
+    o = output_buffer((B, H, n_rows, D), q.device, q.dtype)
+    lse = output_buffer((B * H, n_rows), q.device, torch.float32)
+    _global_fwd_kernel[(triton.cdiv(n_rows, cfg["BLOCK_M"]), B * H)](
+        q, k, v, pos, first_valid, o, lse, *bht_strides(q), *bht_strides(k), *bht_strides(v),
+        H, T, n_rows, D ** -0.5 * LOG2E, D=D, PREC=dot_precision(q.dtype), **cfg)
+    return o, lse
+
+
+@global_forward.register_fake
+def _(q, k, v, pos, first_valid):
+    B, H, T, D = q.shape
+    n_rows = pos.shape[-1]
+    return q.new_empty((B, H, n_rows, D)), q.new_empty((B * H, n_rows), dtype=torch.float32)
+
+
+@torch.library.custom_op("nanoaha::triton_global_bwd", mutates_args=())
+def global_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor,
+                    first_valid: torch.Tensor, o: torch.Tensor,
+                    lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    B, H, T, D = q.shape
+    n_rows = pos.shape[-1]
+    cfg = launch_config(D, q.dtype)
+    do = rows_contiguous(do)
+    delta = row_dot(do, o)
+    key_tile_starts = torch.arange(0, T, cfg["BLOCK_N"], device=q.device, dtype=torch.int32)
+    first_row = torch.searchsorted(pos, key_tile_starts.expand(B * H, -1).contiguous(), out_int32=True)
+    first_row = torch.maximum(first_row, first_valid[:, None])  # padding rows (position 0) come first
+    dq = torch.zeros(q.shape, device=q.device, dtype=q.dtype)  # ungated rows get no gradient here
+    dk = output_buffer(k.shape, k.device, k.dtype)
+    dv = output_buffer(v.shape, v.device, v.dtype)
+    strides = (*bht_strides(q), *bht_strides(k), *bht_strides(v), *bht_strides(do))
+    scales = (D ** -0.5, D ** -0.5 * LOG2E)
+    _global_bwd_dq_kernel[(triton.cdiv(n_rows, cfg["BLOCK_M"]), B * H)](
+        q, k, v, pos, first_valid, do, lse, delta, dq, *strides, H, T, n_rows, *scales,
+        D=D, PREC=dot_precision(q.dtype), **cfg)
+    _global_bwd_dkdv_kernel[(triton.cdiv(T, cfg["BLOCK_N"]), B * H)](
+        q, k, v, pos, first_valid, do, lse, delta, first_row, dk, dv, *strides, H, T, n_rows, *scales,
+        D=D, PREC=dot_precision(q.dtype), **cfg)
+    return dq, dk, dv
+
+
+@global_backward.register_fake
+def _(do, q, k, v, pos, first_valid, o, lse):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _global_setup_context(ctx, inputs, output):
+    ctx.save_for_backward(*inputs, *output)
+
+
+def _global_autograd(ctx, grad_o, grad_lse):
+    return (*global_backward(grad_o, *ctx.saved_tensors), None, None)
+
+
+global_forward.register_autograd(_global_autograd, setup_context=_global_setup_context)
+
+
+def global_attention(q, k, v, pos, valid):
     """(q, k, v: (B, H, T, D), pos, valid: (B, H, n_rows) from compact_gates) -> full causal output of the
     compacted rows, (B, H, n_rows, D); padding rows hold zeros."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, pos, valid):
-        B, H, T, D = q.shape
-        n_rows = pos.shape[-1]
-        cfg = launch_config(D, q.dtype)
-        pos = pos.reshape(B * H, n_rows).to(torch.int32)
-        first_valid = (n_rows - valid.sum(-1)).reshape(B * H).to(torch.int32)
-        o = output_buffer((B, H, n_rows, D), q.device, q.dtype)
-        lse = output_buffer((B * H, n_rows), q.device, torch.float32)
-        _global_fwd_kernel[(triton.cdiv(n_rows, cfg["BLOCK_M"]), B * H)](
-            q, k, v, pos, first_valid, o, lse, *bht_strides(q), *bht_strides(k), *bht_strides(v),
-            H, T, n_rows, D ** -0.5 * LOG2E, D=D, PREC=dot_precision(q.dtype), **cfg)
-        ctx.save_for_backward(q, k, v, pos, first_valid, o, lse)
-        return o
-
-    @staticmethod
-    def backward(ctx, do):
-        q, k, v, pos, first_valid, o, lse = ctx.saved_tensors
-        B, H, T, D = q.shape
-        n_rows = pos.shape[-1]
-        cfg = launch_config(D, q.dtype)
-        do = rows_contiguous(do)
-        delta = row_dot(do, o)
-        key_tile_starts = torch.arange(0, T, cfg["BLOCK_N"], device=q.device, dtype=torch.int32)
-        first_row = torch.searchsorted(pos, key_tile_starts.expand(B * H, -1).contiguous(), out_int32=True)
-        first_row = torch.maximum(first_row, first_valid[:, None])  # padding rows (position 0) come first
-        dq = torch.zeros_like(q, memory_format=torch.contiguous_format)  # ungated rows get no gradient here
-        dk = output_buffer(k.shape, k.device, k.dtype)
-        dv = output_buffer(v.shape, v.device, v.dtype)
-        strides = (*bht_strides(q), *bht_strides(k), *bht_strides(v), *bht_strides(do))
-        scales = (D ** -0.5, D ** -0.5 * LOG2E)
-        _global_bwd_dq_kernel[(triton.cdiv(n_rows, cfg["BLOCK_M"]), B * H)](
-            q, k, v, pos, first_valid, do, lse, delta, dq, *strides, H, T, n_rows, *scales,
-            D=D, PREC=dot_precision(q.dtype), **cfg)
-        _global_bwd_dkdv_kernel[(triton.cdiv(T, cfg["BLOCK_N"]), B * H)](
-            q, k, v, pos, first_valid, do, lse, delta, first_row, dk, dv, *strides, H, T, n_rows, *scales,
-            D=D, PREC=dot_precision(q.dtype), **cfg)
-        return dq, dk, dv, None, None
+    B, H, n_rows = pos.shape
+    first_valid = (n_rows - valid.sum(-1)).reshape(B * H).to(torch.int32)
+    return global_forward(q, k, v, pos.reshape(B * H, n_rows).to(torch.int32), first_valid)[0]

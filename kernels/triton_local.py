@@ -142,46 +142,70 @@ def _local_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV,
     store_rows(DV + bh.to(tl.int64) * T * D, keys, D, dv.to(DV.dtype.element_ty), in_seq, D)
 
 
-class TritonLocalAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, window, n_sink):
-        B, H, T, D = q.shape
-        n_sink = min(n_sink, T)  # sinks past the end of the sequence do not exist
-        cfg = launch_config(D, q.dtype)
-        o = output_buffer((B, H, T, D), q.device, q.dtype)
-        lse = output_buffer((B * H, T), q.device, torch.float32)
-        _local_fwd_kernel[(triton.cdiv(T, cfg["BLOCK_M"]), B * H)](
-            q, k, v, o, lse, *bht_strides(q), *bht_strides(k), *bht_strides(v),
-            H, T, window, n_sink, D ** -0.5 * LOG2E, D=D, PREC=dot_precision(q.dtype), **cfg)
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.window, ctx.n_sink = window, n_sink
-        return o
+# Custom ops (forward and backward, each opaque to torch.compile, with shape-only fake versions), so a compiled
+# model traces through the attention call without a graph break.
+@torch.library.custom_op("nanoaha::triton_local_fwd", mutates_args=())
+def local_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int,
+                  n_sink: int) -> tuple[torch.Tensor, torch.Tensor]:
+    B, H, T, D = q.shape
+    cfg = launch_config(D, q.dtype)
+    o = output_buffer((B, H, T, D), q.device, q.dtype)
+    lse = output_buffer((B * H, T), q.device, torch.float32)
+    _local_fwd_kernel[(triton.cdiv(T, cfg["BLOCK_M"]), B * H)](
+        q, k, v, o, lse, *bht_strides(q), *bht_strides(k), *bht_strides(v),
+        H, T, window, n_sink, D ** -0.5 * LOG2E, D=D, PREC=dot_precision(q.dtype), **cfg)
+    return o, lse
 
-    @staticmethod
-    def backward(ctx, do):
-        q, k, v, o, lse = ctx.saved_tensors
-        window, n_sink = ctx.window, ctx.n_sink
-        B, H, T, D = q.shape
-        cfg = launch_config(D, q.dtype)
-        do = rows_contiguous(do)
-        delta = row_dot(do, o)
-        dq = output_buffer(q.shape, q.device, q.dtype)
-        dk = output_buffer(k.shape, k.device, k.dtype)
-        dv = output_buffer(v.shape, v.device, v.dtype)
-        dk_sink = torch.zeros((B, H, n_sink, D), device=q.device, dtype=torch.float32)
-        dv_sink = torch.zeros_like(dk_sink)
-        strides = (*bht_strides(q), *bht_strides(k), *bht_strides(v), *bht_strides(do))
-        scales = (D ** -0.5, D ** -0.5 * LOG2E)
-        _local_bwd_dq_kernel[(triton.cdiv(T, cfg["BLOCK_M"]), B * H)](
-            q, k, v, do, lse, delta, dq, dk_sink, dv_sink, *strides, H, T, window, n_sink, *scales,
-            D=D, PREC=dot_precision(q.dtype), **cfg)
-        _local_bwd_dkdv_kernel[(triton.cdiv(T, cfg["BLOCK_N"]), B * H)](
-            q, k, v, do, lse, delta, dk, dv, *strides, H, T, window, *scales,
-            D=D, PREC=dot_precision(q.dtype), **cfg)
-        if n_sink:
-            dk[:, :, :n_sink] += dk_sink.to(dk.dtype)
-            dv[:, :, :n_sink] += dv_sink.to(dv.dtype)
-        return dq, dk, dv, None, None
+
+@local_forward.register_fake
+def _(q, k, v, window, n_sink):
+    B, H, T, D = q.shape
+    return q.new_empty((B, H, T, D)), q.new_empty((B * H, T), dtype=torch.float32)
+
+
+@torch.library.custom_op("nanoaha::triton_local_bwd", mutates_args=())
+def local_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                   lse: torch.Tensor, window: int, n_sink: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    B, H, T, D = q.shape
+    cfg = launch_config(D, q.dtype)
+    do = rows_contiguous(do)
+    delta = row_dot(do, o)
+    dq = output_buffer(q.shape, q.device, q.dtype)
+    dk = output_buffer(k.shape, k.device, k.dtype)
+    dv = output_buffer(v.shape, v.device, v.dtype)
+    dk_sink = torch.zeros((B, H, n_sink, D), device=q.device, dtype=torch.float32)
+    dv_sink = torch.zeros_like(dk_sink)
+    strides = (*bht_strides(q), *bht_strides(k), *bht_strides(v), *bht_strides(do))
+    scales = (D ** -0.5, D ** -0.5 * LOG2E)
+    _local_bwd_dq_kernel[(triton.cdiv(T, cfg["BLOCK_M"]), B * H)](
+        q, k, v, do, lse, delta, dq, dk_sink, dv_sink, *strides, H, T, window, n_sink, *scales,
+        D=D, PREC=dot_precision(q.dtype), **cfg)
+    _local_bwd_dkdv_kernel[(triton.cdiv(T, cfg["BLOCK_N"]), B * H)](
+        q, k, v, do, lse, delta, dk, dv, *strides, H, T, window, *scales,
+        D=D, PREC=dot_precision(q.dtype), **cfg)
+    if n_sink:
+        dk[:, :, :n_sink] += dk_sink.to(dk.dtype)
+        dv[:, :, :n_sink] += dv_sink.to(dv.dtype)
+    return dq, dk, dv
+
+
+@local_backward.register_fake
+def _(do, q, k, v, o, lse, window, n_sink):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _local_setup_context(ctx, inputs, output):
+    q, k, v, window, n_sink = inputs
+    ctx.save_for_backward(q, k, v, *output)
+    ctx.window, ctx.n_sink = window, n_sink
+
+
+def _local_autograd(ctx, grad_o, grad_lse):
+    dq, dk, dv = local_backward(grad_o, *ctx.saved_tensors, ctx.window, ctx.n_sink)
+    return dq, dk, dv, None, None
+
+
+local_forward.register_autograd(_local_autograd, setup_context=_local_setup_context)
 
 
 def local_attention(q, k, v, window, n_sink=0):
@@ -191,4 +215,5 @@ def local_attention(q, k, v, window, n_sink=0):
         raise ValueError(f"window must be >= 1, got {window}")
     if n_sink > window:
         raise ValueError(f"n_sink={n_sink} must not exceed window={window}")
-    return TritonLocalAttention.apply(rows_contiguous(q), rows_contiguous(k), rows_contiguous(v), window, n_sink)
+    n_sink = min(n_sink, q.shape[2])  # sinks past the end of the sequence do not exist
+    return local_forward(rows_contiguous(q), rows_contiguous(k), rows_contiguous(v), window, n_sink)[0]
