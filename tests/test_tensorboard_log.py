@@ -53,6 +53,10 @@ def test_training_writes_every_view_with_sane_values(tmp_path, tiny_corpus, monk
     assert [e.step for e in acc.Scalars("val/loss")] == eval_steps
     assert acc.Scalars("val/loss")[-1].value == pytest.approx(result["val_loss"])
     assert not [t for t in tags["scalars"] if "_heads/" in t or "layer1" in t]  # grouped; the local layer has none
+    assert [e.step for e in acc.Scalars("train/tokens_per_s")] == [1, 2]
+    assert all(e.value > 0 for e in acc.Scalars("train/tflops_per_device"))
+    assert [e.value for e in acc.Scalars("train/nonfinite_steps")] == [0, 0]
+    assert "train/mfu" not in tags["scalars"]  # no peak FLOP/s known for a CPU
     for prefix in ("val_routing", "train_routing"):
         for layer in (0, 2):
             heads = [acc.Scalars(f"{prefix}_heads_layer{layer}/head{h}")[-1].value for h in range(mcfg.n_head)]
