@@ -272,6 +272,7 @@ def _train_on(tcfg, mcfg, signals, ddp, rank, world, device):
         load_model_state(model, ckpt["model"], tcfg.init_from, allow_new_routers=True)
     raw_model = model
     if tcfg.compile:
+        torch._dynamo.config.capture_scalar_outputs = True  # sparse mode's gated-row count: traced, not a break
         model = torch.compile(model)
     if ddp:
         model = DDP(model, device_ids=[int(device.split(":")[1])] if device_type == "cuda" else None)
