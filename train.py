@@ -372,17 +372,16 @@ def _train_on(tcfg, mcfg, signals, ddp, rank, world, device):
         lam = float(torch.as_tensor(lam).float().mean())
         tqdm.write(f"iter {iter_num}: loss {loss:.4f} (lm {lm_loss:.4f} + penalty {penalty:.2g}; mean p "
                    f"{mean_p:.3f}, lambda {lam:.2g}) | {format_routing(stats)}"
-                   f"{' [forced global]' if force_global else ''} | lr {lr:.2e} | {tok_s:,.0f} tok/s ({flops / 1e12:.3g} TFLOP/s per "
-                   f"device{mfu}) | "
-                   f"ETA {eta / 60:.1f} min")
-        logger.scalars(iter_num, {"train/loss": loss, "train/lm_loss": lm_loss, "train/penalty_added": penalty,
-                                  "train/mean_p": mean_p, "train/lambda": lam, "train/lr": lr,
-                                  "train/tokens_per_s": tok_s, "train/nonfinite_steps": nonfinite_total,
-                                  "train/tflops_per_device": flops / 1e12, **({"train/mfu": flops / peak} if peak else {})})
+                   f"{' [forced global]' if force_global else ''} | lr {lr:.2e} | {tok_s:,.0f} tok/s "
+                   f"({flops / 1e12:.3g} TFLOP/s per device{mfu}) | ETA {eta / 60:.1f} min")
+        scalars = {"train/loss": loss, "train/lm_loss": lm_loss, "train/penalty_added": penalty,
+                   "train/mean_p": mean_p, "train/lambda": lam, "train/lr": lr, "train/tokens_per_s": tok_s,
+                   "train/tflops_per_device": flops / 1e12, "train/nonfinite_steps": nonfinite_total}
+        logger.scalars(iter_num, {**scalars, **({"train/mfu": flops / peak} if peak else {})})
         logger.routing(iter_num, "train_routing", stats, mcfg.kinds)
 
-    bar = tqdm(total=tcfg.max_iters, initial=iter_num, disable=not (master and tcfg.progress_bar and sys.stderr.isatty()),
-               dynamic_ncols=True, leave=False)
+    show_bar = master and tcfg.progress_bar and sys.stderr.isatty()
+    bar = tqdm(total=tcfg.max_iters, initial=iter_num, disable=not show_bar, dynamic_ncols=True, leave=False)
     t_last, iters_timed = time.time(), 0
     started, train_time, steps_timed = time.time(), 0.0, 0  # training steps only, for tokens/s
     try:
