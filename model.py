@@ -14,7 +14,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from kernels.attention import BACKENDS, attention
-from kernels.reference import local_visible, masked_attention
 
 KIND_OF_LETTER = {"G": "dense", "L": "local", "R": "routed"}
 RUNTIME_KEYS = {"attention_backend", "routed_mode", "router_threshold", "router_explore"}  # may change between runs
@@ -179,26 +178,33 @@ class Attention(nn.Module):
         if cache is not None and cache.length > 0:
             y = self.decode(q, k, v, hard, cache)
         else:
-            y = attention(q, k, v, kind=self.kind, window=cfg.window, n_sink=cfg.n_sink, gate=gate,
-                          mode=routed_mode(cfg, force_global), backend=cfg.attention_backend)
+            # generation (a cache) needs no gradient: routed layers compute full attention only where gated
+            mode = "sparse" if cache is not None and not force_global else routed_mode(cfg, force_global)
+            y = attention(q, k, v, kind=self.kind, window=cfg.window, n_sink=cfg.n_sink, gate=gate, mode=mode,
+                          backend=cfg.attention_backend)
             if cache is not None:
-                cache.append(k, v)
+                cache.write(k, v)
         y = y.transpose(1, 2).reshape(B, T, C)
         return self.dropout(self.proj(y)), hard, p
 
     def decode(self, q, k, v, hard, cache):
-        """Attention of new queries against the KV cache (generation after the prompt)."""
-        keys, values, key_pos = cache.append(k, v)
-        query_pos = key_pos[-q.shape[2]:]
-        causal = key_pos[None, :] <= query_pos[:, None]
-        local = local_visible(query_pos, key_pos, self.config.window, self.config.n_sink)
+        """New queries against the KV cache, one at a time: a local decision reads only the sinks and the window,
+        a global one every cached key; no mask is built. Routed layers attend over the window for every head,
+        then over the full cache for the global heads only, and take the full output there."""
+        B, H, T, D = q.shape
+        if T > 1:
+            return torch.cat([self.decode(q[:, :, i:i + 1], k[:, :, i:i + 1], v[:, :, i:i + 1],
+                                          None if hard is None else hard[:, :, i:i + 1], cache) for i in range(T)], 2)
+        cache.write(k, v)
         if self.kind == "dense":
-            allowed = causal
-        elif self.kind == "local":
-            allowed = local
-        else:
-            allowed = local | (causal & hard[..., None])  # (B, H, T, S)
-        return masked_attention(q, keys, values, allowed)
+            return F.scaled_dot_product_attention(q, *cache.all_keys())
+        y = F.scaled_dot_product_attention(q, *cache.window_keys())
+        if self.kind == "local" or not hard.any():
+            return y
+        heads = hard.reshape(B * H).nonzero().squeeze(1)  # the (batch, head) pairs that went global
+        keys, values = (x.reshape(B * H, -1, D)[heads] for x in cache.all_keys())
+        full = F.scaled_dot_product_attention(q.reshape(B * H, 1, D)[heads], keys, values)
+        return y.reshape(B * H, 1, D).index_copy(0, heads, full).view(B, H, 1, D)
 
 
 def routed_mode(config, force_global):
@@ -232,29 +238,71 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x)), hard, p
 
 
-class LayerCache:
-    """Keys and values of one layer during generation. Local layers keep only the sinks and the last
-    `window` positions; dense and routed layers keep everything."""
+class KVCache:
+    """Keys and values of one layer during generation, preallocated on the first write (as gpt-fast does).
+    Dense and routed layers hold every position up to `capacity` (a later query may go global); local layers
+    only what a later query of theirs can read: the first n_sink positions and a ring buffer of the last
+    `window`."""
 
-    def __init__(self, keep_window=None, n_sink=0):
-        self.keep_window, self.n_sink = keep_window, n_sink
-        self.k = self.v = self.pos = None
-        self.length = 0  # positions seen so far, kept or not
+    def __init__(self, kind, capacity, window, n_sink):
+        self.kind, self.capacity, self.window = kind, capacity, window
+        self.local = kind == "local"
+        self.slots = min(capacity, window) if self.local else capacity
+        # a local layer keeps sinks apart only for positions that can leave its window
+        self.n_sink = min(n_sink, max(0, capacity - window)) if self.local else n_sink
+        self.k = self.v = self.sink_k = self.sink_v = None
+        self.length = 0  # positions written so far
 
-    def append(self, k, v):
-        T = k.shape[2]
-        pos = torch.arange(self.length, self.length + T, device=k.device)
+    @property
+    def bytes(self):
+        tensors = (self.k, self.v, self.sink_k, self.sink_v)
+        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+    def write(self, k, v):
+        """Append positions length .. length + T - 1."""
+        B, H, T, D = k.shape
+        if self.length + T > self.capacity:
+            raise ValueError(f"the KV cache holds {self.capacity} positions; {self.length} + {T} do not fit")
         if self.k is None:
-            self.k, self.v, self.pos = k, v, pos
+            self.k, self.v = (k.new_empty(B, H, self.slots, D) for _ in range(2))
+            if self.local:
+                self.sink_k, self.sink_v = (k.new_empty(B, H, self.n_sink, D) for _ in range(2))
+        start, end = self.length, self.length + T
+        if not self.local:
+            self.k[:, :, start:end], self.v[:, :, start:end] = k, v
         else:
-            self.k, self.v = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)
-            self.pos = torch.cat([self.pos, pos])
-        self.length += T
-        keys, values, key_pos = self.k, self.v, self.pos
-        if self.keep_window is not None:
-            keep = (self.pos < self.n_sink) | (self.pos >= self.length - self.keep_window)
-            self.k, self.v, self.pos = self.k[:, :, keep], self.v[:, :, keep], self.pos[keep]
-        return keys, values, key_pos
+            if start < self.n_sink:
+                n = min(end, self.n_sink) - start
+                self.sink_k[:, :, start:start + n], self.sink_v[:, :, start:start + n] = k[:, :, :n], v[:, :, :n]
+            first = max(start, end - self.slots)  # only the last `slots` positions stay
+            slots = torch.arange(first, end, device=k.device) % self.slots
+            self.k[:, :, slots], self.v[:, :, slots] = k[:, :, first - start:], v[:, :, first - start:]
+        self.length = end
+
+    def all_keys(self):
+        """(keys, values) of every position written (dense and routed layers)."""
+        return self.k[:, :, :self.length], self.v[:, :, :self.length]
+
+    def window_keys(self):
+        """(keys, values) that the newest position reads when local: its window and the sinks before it, in
+        any order (the query's rotary position is in q, so attention does not depend on the order)."""
+        n_early = min(max(0, self.length - self.window), self.n_sink)  # sinks that left the window
+        if self.local:
+            keys, values = self.k[:, :, :min(self.length, self.slots)], self.v[:, :, :min(self.length, self.slots)]
+            sinks = self.sink_k[:, :, :n_early], self.sink_v[:, :, :n_early]
+        else:
+            first = max(0, self.length - self.window)
+            keys, values = self.k[:, :, first:self.length], self.v[:, :, first:self.length]
+            sinks = self.k[:, :, :n_early], self.v[:, :, :n_early]
+        if n_early == 0:
+            return keys, values
+        return torch.cat([sinks[0], keys], 2), torch.cat([sinks[1], values], 2)
+
+    def positions(self):
+        """The positions held, sorted: the sinks kept apart (local layers), then the buffer's."""
+        if not self.local:
+            return list(range(self.length))
+        return list(range(min(self.length, self.n_sink))) + list(range(max(0, self.length - self.slots), self.length))
 
 
 class GPT(nn.Module):
@@ -299,7 +347,7 @@ class GPT(nn.Module):
         penalty_weight: a number, or a tensor with one weight per layer with a learned router.
         force_global: every routed head of this call runs full attention (the router still gets its
         straight-through gradient).
-        cache: list of LayerCache (generation); positions continue from what the cache has seen."""
+        cache: list of KVCache (generation); positions continue from what the cache has seen."""
         B, T = idx.shape
         start = cache[0].length if cache else 0
         if start + T > self.config.block_size:
@@ -327,25 +375,31 @@ class GPT(nn.Module):
         penalty = (weight * torch.clamp(layer_p - router_budget, min=0.0)).mean()
         return GPTOutput(logits, lm_loss + penalty, lm_loss, penalty, layer_p.mean(), gates, probs, T, mode)
 
-    def new_cache(self):
+    def new_cache(self, capacity=None):
+        """One KVCache per layer, for up to `capacity` positions (default block_size)."""
         cfg = self.config
-        return [LayerCache(cfg.window if kind == "local" else None, cfg.n_sink) for kind in cfg.kinds]
+        return [KVCache(kind, capacity or cfg.block_size, cfg.window, cfg.n_sink) for kind in cfg.kinds]
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_kv_cache=True, generator=None):
-        """Sample tokens after idx (B, T). With the KV cache, past keys are reused; once the context fills
-        block_size the cache is rebuilt from the last block_size - 1 tokens, which is what the cache-free
-        path computes too, so both give the same tokens at temperature 0."""
-        cache, fed = None, 0
-        for _ in range(max_new_tokens):
-            context = idx[:, -self.config.block_size:]
+        """Sample tokens after idx (B, T). The context is the last block_size tokens at most; once it would
+        grow past block_size it restarts from its last block_size // 2 tokens (positions from 0 again). With the
+        KV cache, each new token reads the cached keys; a restart refills the cache from the kept tokens, once per
+        block_size // 2 new tokens. Both paths see the same context, so they give the same tokens at
+        temperature 0."""
+        block = self.config.block_size
+        start, cache = max(0, idx.shape[1] - block), None
+        for i in range(max_new_tokens):
+            if idx.shape[1] - start > block:
+                start, cache = idx.shape[1] - block // 2, None
             if not use_kv_cache:
-                logits = self(context).logits
+                logits = self(idx[:, start:]).logits
+            elif cache is None:
+                context = idx[:, start:]
+                cache = self.new_cache(min(block, context.shape[1] + max_new_tokens - i))
+                logits = self(context, cache=cache).logits
             else:
-                if cache is None or cache[0].length + 1 > self.config.block_size:
-                    cache, fed = self.new_cache(), idx.shape[1] - context.shape[1]
-                logits = self(idx[:, fed:], cache=cache).logits
-                fed = idx.shape[1]
+                logits = self(idx[:, -1:], cache=cache).logits
             logits = logits[:, -1].float()
             if temperature == 0:
                 next_id = logits.argmax(-1, keepdim=True)

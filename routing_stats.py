@@ -163,7 +163,7 @@ def precision_recall(counts):
 
 
 def kv_cache_bytes(config, context_length, bytes_per_element=4):
-    """Bytes of one sequence's KV cache at context_length positions, as model.LayerCache keeps it: keys and
+    """Bytes of one sequence's KV cache at context_length positions, as model.KVCache keeps it: keys and
     values of every head; local layers hold only the last `window` positions and the first n_sink, dense and
     routed layers every position (any later query may go global)."""
     head_dim = config.n_embd // config.n_head

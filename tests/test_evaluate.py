@@ -182,12 +182,12 @@ def test_kv_cache_bytes_are_what_the_cache_holds():
     assert kv_cache_summary(config, 40, 4)["kv_cache_bytes_dense"] == per_position * 3 * 40
     model = GPT(config).eval()
     for prompt, steps in ((30, 10), (5, 1), (5, 0)):
-        cache = model.new_cache()
+        cache = model.new_cache(capacity=prompt + steps)
         with torch.no_grad():
             model(torch.randint(256, (1, prompt)), cache=cache)
             for _ in range(steps):
                 model(torch.randint(256, (1, 1)), cache=cache)
-        held = sum(c.k.numel() * c.k.element_size() + c.v.numel() * c.v.element_size() for c in cache)
+        held = sum(c.bytes for c in cache)
         assert held == kv_cache_bytes(config, prompt + steps, 4)
 
 

@@ -1,8 +1,10 @@
 import pytest
 import torch
 
+from checkpoint import load_model_state
 from kernels.attention import attention
 from model import GPT, GPTConfig, Router
+from pruning import prune_checkpoint
 from routing_stats import global_heads_per_token, keys_read, routing_stats
 
 
@@ -208,19 +210,55 @@ def test_routing_stats_flop_fraction():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("schedule, n_sink", [("R", 0), ("LR", 2), ("G", 0), ("L", 3)])
-def test_generate_with_and_without_kv_cache_gives_same_tokens(schedule, n_sink):
+@pytest.mark.parametrize("schedule, n_sink, batch", [("R", 0, 1), ("LR", 2, 1), ("G", 0, 1), ("L", 3, 1),
+                                                     ("RLGR", 2, 3)])
+def test_generate_with_and_without_kv_cache_gives_same_tokens(schedule, n_sink, batch):
     torch.manual_seed(0)
-    cfg = small_config(schedule=schedule, n_sink=n_sink, router_init_std=2.0, block_size=32)
+    cfg = small_config(schedule=schedule, n_sink=n_sink, router_init_std=2.0, block_size=32, n_layer=len(schedule))
     model = GPT(cfg).eval()
     for p in model.parameters():  # larger weights: confident, far-from-tied predictions
         p.data.mul_(8.0)
-    prompt = tokens(B=1, T=5)
-    # 40 new tokens run past block_size=32, so the cache is also rebuilt
-    cached = model.generate(prompt, 40, temperature=0, use_kv_cache=True)
-    uncached = model.generate(prompt, 40, temperature=0, use_kv_cache=False)
+    prompt = tokens(B=batch, T=5)
+    # 60 new tokens run past block_size=32 twice, so the context restarts and the cache is refilled
+    cached = model.generate(prompt, 60, temperature=0, use_kv_cache=True)
+    uncached = model.generate(prompt, 60, temperature=0, use_kv_cache=False)
     assert torch.equal(cached, uncached)
-    assert len(set(cached[0].tolist())) > 3  # not a degenerate repetition
+    assert all(len(set(row.tolist())) > 3 for row in cached)  # not a degenerate repetition
+
+
+@pytest.mark.parametrize("schedule, n_sink", [("R", 0), ("R", 3), ("RL", 2)])
+def test_decode_reads_what_full_attention_reads_for_each_gate(schedule, n_sink):
+    """Token by token with the cache, logits equal those of one forward over the whole sequence (the reference
+    backend's explicit masks), batch 3, each sequence and head with its own gates."""
+    torch.manual_seed(0)
+    cfg = small_config(schedule=schedule, n_sink=n_sink, router_init_std=2.0, n_layer=2, attention_backend="reference")
+    model = GPT(cfg).eval()
+    x = tokens(B=3, T=30)
+    with torch.no_grad():
+        out = model(x, torch.zeros_like(x))
+        gates = out.gates[0][:, :, 10:]
+        assert 0.1 < gates.float().mean() < 0.9 and not torch.equal(gates[0], gates[1])
+        cache = model.new_cache()
+        steps = [model(x[:, :10], cache=cache).logits[:, -1]]
+        steps += [model(x[:, t:t + 1], cache=cache).logits[:, -1] for t in range(10, 30)]
+    torch.testing.assert_close(torch.stack(steps, 1), out.logits[:, 9:], rtol=1e-4, atol=1e-4)
+
+
+def test_a_pruned_model_generates_from_a_window_cache():
+    torch.manual_seed(0)
+    cfg = small_config(schedule="RR", router_init_std=2.0, n_sink=2)
+    model = GPT(cfg).eval()
+    ckpt = {"model": model.state_dict(), "model_config": vars(cfg)}
+    pruned = GPT(GPTConfig(**prune_checkpoint(ckpt, [1])["model_config"])).eval()
+    load_model_state(pruned, prune_checkpoint(ckpt, [1])["model"], "pruned")
+    prompt = tokens(B=2, T=12)
+    cached = pruned.generate(prompt, 30, temperature=0, use_kv_cache=True)
+    assert torch.equal(cached, pruned.generate(prompt, 30, temperature=0, use_kv_cache=False))
+    cache = pruned.new_cache()
+    with torch.no_grad():
+        pruned(prompt, cache=cache)
+    per_position = 2 * 2 * cfg.n_embd * 4  # keys and values, batch 2, fp32
+    assert [c.bytes for c in cache] == [per_position * cfg.block_size, per_position * (cfg.window + 2)]
 
 
 def test_local_layer_cache_keeps_only_window_and_sinks():
@@ -230,7 +268,9 @@ def test_local_layer_cache_keeps_only_window_and_sinks():
     with torch.no_grad():
         model(tokens(B=1, T=20), cache=cache)
         model(tokens(B=1, T=1), cache=cache)
-    assert cache[0].k.shape[2] == 10 and cache[0].pos.tolist() == [0, 1] + list(range(13, 21))
+    assert cache[0].k.shape[2] == 8 and cache[0].sink_k.shape[2] == 2  # preallocated: a ring of the window
+    assert cache[0].positions() == [0, 1] + list(range(13, 21))
+    assert cache[0].bytes == 2 * 10 * cfg.n_embd * 4
 
 
 def test_config_rejects_bad_values():
