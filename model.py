@@ -7,6 +7,7 @@ Where things are:
 - kernels.attention.attention the one attention entry point (reference / torch / triton backends)
 """
 import math
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -201,8 +202,14 @@ class Attention(nn.Module):
         y = F.scaled_dot_product_attention(q, *cache.window_keys())
         if self.kind == "local" or not hard.any():
             return y
+        keys, values = cache.all_keys()
+        if not q.is_cuda:  # the CPU reads each global head's keys where they are (a gather would copy them)
+            for i in hard.reshape(B * H).nonzero().flatten().tolist():
+                b, h = divmod(i, H)
+                y[b, h] = F.scaled_dot_product_attention(q[b, h], keys[b, h], values[b, h])
+            return y
         heads = hard.reshape(B * H).nonzero().squeeze(1)  # the (batch, head) pairs that went global
-        keys, values = (x.reshape(B * H, -1, D)[heads] for x in cache.all_keys())
+        keys, values = (x.reshape(B * H, -1, D)[heads] for x in (keys, values))
         full = F.scaled_dot_product_attention(q.reshape(B * H, 1, D)[heads], keys, values)
         return y.reshape(B * H, 1, D).index_copy(0, heads, full).view(B, H, 1, D)
 
@@ -274,9 +281,12 @@ class KVCache:
             if start < self.n_sink:
                 n = min(end, self.n_sink) - start
                 self.sink_k[:, :, start:start + n], self.sink_v[:, :, start:start + n] = k[:, :, :n], v[:, :, :n]
-            first = max(start, end - self.slots)  # only the last `slots` positions stay
-            slots = torch.arange(first, end, device=k.device) % self.slots
-            self.k[:, :, slots], self.v[:, :, slots] = k[:, :, first - start:], v[:, :, first - start:]
+            if T == 1:  # a decode step: one slot
+                self.k[:, :, start % self.slots], self.v[:, :, start % self.slots] = k[:, :, 0], v[:, :, 0]
+            else:
+                first = max(start, end - self.slots)  # only the last `slots` positions stay
+                slots = torch.arange(first, end, device=k.device) % self.slots
+                self.k[:, :, slots], self.v[:, :, slots] = k[:, :, first - start:], v[:, :, first - start:]
         self.length = end
 
     def all_keys(self):
@@ -381,25 +391,30 @@ class GPT(nn.Module):
         return [KVCache(kind, capacity or cfg.block_size, cfg.window, cfg.n_sink) for kind in cfg.kinds]
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_kv_cache=True, generator=None):
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_kv_cache=True, generator=None,
+                 timings=None):
         """Sample tokens after idx (B, T). The context is the last block_size tokens at most; once it would
         grow past block_size it restarts from its last block_size // 2 tokens (positions from 0 again). With the
         KV cache, each new token reads the cached keys; a restart refills the cache from the kept tokens, once per
         block_size // 2 new tokens. Both paths see the same context, so they give the same tokens at
-        temperature 0."""
+        temperature 0. timings: a dict to fill with seconds and tokens of prefill (cache fills) and decode, and
+        the cache's bytes."""
         block = self.config.block_size
         start, cache = max(0, idx.shape[1] - block), None
+        clock = {"prefill_s": 0.0, "prefill_tokens": 0, "decode_s": 0.0, "decode_tokens": 0, "cache_bytes": 0}
         for i in range(max_new_tokens):
             if idx.shape[1] - start > block:
                 start, cache = idx.shape[1] - block // 2, None
-            if not use_kv_cache:
-                logits = self(idx[:, start:]).logits
-            elif cache is None:
+            tic = time.perf_counter()
+            if not use_kv_cache or cache is None:
                 context = idx[:, start:]
-                cache = self.new_cache(min(block, context.shape[1] + max_new_tokens - i))
+                if use_kv_cache:
+                    cache = self.new_cache(min(block, context.shape[1] + max_new_tokens - i))
                 logits = self(context, cache=cache).logits
+                phase, fed = "prefill", context.shape[1]
             else:
                 logits = self(idx[:, -1:], cache=cache).logits
+                phase, fed = "decode", 1
             logits = logits[:, -1].float()
             if temperature == 0:
                 next_id = logits.argmax(-1, keepdim=True)
@@ -410,4 +425,11 @@ class GPT(nn.Module):
                     logits = logits.masked_fill(logits < kth, float("-inf"))
                 next_id = torch.multinomial(logits.softmax(-1), 1, generator=generator)
             idx = torch.cat([idx, next_id], dim=1)
+            if idx.is_cuda:
+                torch.cuda.synchronize()  # kernels run asynchronously: time what they did
+            clock[f"{phase}_s"] += time.perf_counter() - tic
+            clock[f"{phase}_tokens"] += fed * idx.shape[0]
+            clock["cache_bytes"] = max(clock["cache_bytes"], sum(c.bytes for c in cache) if cache else 0)
+        if timings is not None:
+            timings.update(clock)
         return idx

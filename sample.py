@@ -51,6 +51,14 @@ def colour_by_routing(pieces, counts, max_count):
     return "".join(out)
 
 
+def format_timings(t):
+    """One line: prefill and decode tokens/s, the KV cache's bytes."""
+    rate = lambda n, s: f"{n / s:,.0f} tok/s" if s else "-"
+    return (f"[prefill {t['prefill_tokens']:,} tokens, {rate(t['prefill_tokens'], t['prefill_s'])} | decode "
+            f"{t['decode_tokens']:,} tokens, {rate(t['decode_tokens'], t['decode_s'])} | KV cache "
+            f"{t['cache_bytes'] / 2**20:.2f} MiB]")
+
+
 def main(argv):
     (cfg,) = parse_args_or_exit(argv, SampleConfig)
     device = pick_device(cfg.device)
@@ -66,7 +74,9 @@ def main(argv):
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     n_routed = sum(kind == "routed" for kind in model.config.kinds)
     for i in range(cfg.num_samples):
-        tokens = model.generate(idx, cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.use_kv_cache, generator)[0]
+        timings = {}
+        tokens = model.generate(idx, cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.use_kv_cache, generator,
+                                timings)[0]
         if cfg.show_routing and n_routed:
             with torch.no_grad():
                 counts = global_heads_per_token(model(tokens[None, -model.config.block_size:]))[0].tolist()
@@ -76,6 +86,7 @@ def main(argv):
                   f"{sum(counts) / (len(counts) * n_routed * model.config.n_head):.1%} global overall]")
         else:
             print(decode(tokens.tolist()))
+        print(format_timings(timings))
         print("-" * 40)
 
 

@@ -1,0 +1,87 @@
+"""Generation speed: prefill time and decode tokens/s of dense, local and routed models, side by side.
+
+    python bench/generate.py                                   # contexts 1K, 4K, 8K; batch 1 and 8; one thread
+    python bench/generate.py --contexts 1024 --batches 1 --new_tokens 32        # a quick look
+    python bench/generate.py --checkpoint out/quickstart                         # adds a trained routed model
+
+Models (random init unless --checkpoint): 4 layers, 4 heads, 128 wide, window 128, block_size = the largest
+context + new tokens. Rows: dense `G`, local `L`, routed `R` with random routing at --global_frac (each head of
+each token global with that probability), and the checkpoint's model at its context when given. Per row: the
+prompt's prefill time, decode tokens/s (new tokens x batch / decode time, the KV cache in use), their ratios to
+dense measured in the same run, and the KV cache's bytes at the end. Times are the median of --repeats runs.
+"""
+import argparse
+import os
+import platform
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
+from checkpoint import load_model  # noqa: E402
+from model import GPT, GPTConfig  # noqa: E402
+
+
+def measure(model, context, batch, new_tokens, repeats):
+    prompt = torch.randint(model.config.vocab_size, (batch, context), generator=torch.Generator().manual_seed(0))
+    runs = []
+    for _ in range(repeats):
+        timings = {}
+        torch.manual_seed(0)  # random routing draws the same gates each repeat
+        model.generate(prompt, new_tokens, temperature=0, timings=timings)
+        runs.append(timings)
+    prefill = statistics.median(r["prefill_s"] for r in runs)
+    decode = statistics.median(r["decode_s"] for r in runs)
+    return {"prefill_ms": prefill * 1e3, "decode_tok_s": (new_tokens - 1) * batch / decode,
+            "cache_mib": runs[-1]["cache_bytes"] / 2**20}
+
+
+def models(args, block_size):
+    base = dict(vocab_size=256, block_size=block_size, n_layer=4, n_head=4, n_embd=128, window=args.window,
+                attention_backend="torch")
+    rows = {"dense G": GPTConfig(schedule="G", **base), "local L": GPTConfig(schedule="L", **base),
+            f"routed R, random {args.global_frac:.0%}": GPTConfig(schedule="R", routing="random",
+                                                                  random_global_q=args.global_frac, **base)}
+    for name, config in rows.items():
+        torch.manual_seed(0)
+        yield name, GPT(config).eval()
+    if args.checkpoint:
+        model, _ = load_model(args.checkpoint, "cpu")
+        yield f"checkpoint {args.checkpoint} ({model.config.layer_letters})", model
+
+
+def main(argv):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096, 8192])
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--new_tokens", type=int, default=256)
+    parser.add_argument("--window", type=int, default=128)
+    parser.add_argument("--global_frac", type=float, default=0.1)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--checkpoint", default="")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    block_size = max(args.contexts) + args.new_tokens
+    print(f"# generation: prefill and decode, torch backend, {args.threads} thread(s), fp32\n")
+    print(f"python bench/generate.py {' '.join(argv)}  \nmachine: {platform.processor() or platform.machine()}, "
+          f"{os.cpu_count()} CPUs, torch {torch.__version__}; {args.new_tokens} new tokens, temperature 0, "
+          f"median of {args.repeats}\n")
+    print("| model | context | batch | prefill ms | prefill vs dense | decode tok/s | decode vs dense | KV cache MiB |")
+    print("|---|---|---|---|---|---|---|---|")
+    for context in args.contexts:
+        for batch in args.batches:
+            dense = None
+            for name, model in models(args, block_size):
+                if model.config.block_size < context + args.new_tokens:
+                    continue  # a checkpoint trained on shorter blocks
+                r = measure(model, context, batch, args.new_tokens, args.repeats)
+                dense = dense or r
+                print(f"| {name} | {context} | {batch} | {r['prefill_ms']:.0f} | "
+                      f"{dense['prefill_ms'] / r['prefill_ms']:.2f}x | {r['decode_tok_s']:,.0f} | "
+                      f"{r['decode_tok_s'] / dense['decode_tok_s']:.2f}x | {r['cache_mib']:.1f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
