@@ -6,9 +6,7 @@ global attention? At equal attention cost, does it beat the fixed schedules LG, 
 routing matched to it layer by layer? Does the need for global attention fall as the window grows (16, 32,
 64, 128)? How do routing from scratch and routing fine-tuned onto a dense model compare at equal total tokens
 (everything trains / only the routers train)? What does sparse-mode training (exact first, then sparse; alone and
-with a per-layer budget) cost in loss and save in compute? At 6 layers LLLG repeats to LLLGLL: one global layer like
-LLLLLG (layer 3 against layer 5), so both cost 1/6 of the global attention, and the budget-targeted routed
-runs aim at 1/2 (LG) and 1/6 (LLLG, LLLLLG).
+with a per-layer budget) cost in loss and save in compute? The rows are in stdlib_rows.py.
 
 Budget: 19 runs, 44 trainings of 250 steps x 4 x 1024 tokens (1.0M tokens each; fine-tuning 125 dense + 125
 routed steps), 6 layers x 4 heads x 64 wide. Training speed of one run, one thread, measured on the 2-core CPU
@@ -22,6 +20,8 @@ _N below: change it to trade time for tokens.
     python data/python_stdlib/prepare.py
     python compare.py configs/grids/stdlib_bytes.py --jobs=2
 """
+from configs.grids.stdlib_rows import comparison_runs
+
 _N = 250           # steps of a run from scratch; fine-tuned: _N // 2 dense steps, then _N // 2 routed
 _CORE = [1, 2, 3]  # the rows the conclusions rest on get a third seed
 
@@ -29,27 +29,5 @@ base = ["configs/quickstart.py"]
 common = {"n_layer": 6, "n_embd": 64, "max_iters": _N, "warmup_iters": 25, "router_lambda_ramp": 75,
           "eval_interval": 50, "eval_iters": 10, "log_interval": 25}
 seeds = [1, 2]
-runs = {
-    "dense": {"schedule": "G", "seeds": _CORE},
-    "local": {"schedule": "L", "seeds": _CORE},
-    "LG": {"schedule": "LG"},
-    "LLLG": {"schedule": "LLLG", "seeds": _CORE},
-    "LLLLLG": {"schedule": "LLLLLG"},
-    "routed": {"schedule": "R", "router_lambda": 0.01, "seeds": _CORE},
-    "routed_l003": {"schedule": "R", "router_lambda": 0.003},
-    "routed_l03": {"schedule": "R", "router_lambda": 0.03},
-    "random_matched": {"schedule": "R", "routing": "random", "random_global_q": "matched:routed", "seeds": _CORE},
-    "routed_at_LG": {"schedule": "R", "router_target_global": 0.5},
-    "routed_at_LLLG": {"schedule": "R", "router_target_global": 1 / 6, "seeds": _CORE},
-    "routed_sparse": {"schedule": "R", "routed_mode": "sparse", "sparse_from_iter": _N // 2, "p_dense": 0.1},
-    "routed_sparse_target": {"schedule": "R", "routed_mode": "sparse", "sparse_from_iter": _N // 2, "p_dense": 0.1,
-                             "router_target_global": 1 / 6, "router_target_per_layer": True},
-    "dense_half": {"schedule": "G", "max_iters": _N // 2},
-    "finetuned": {"schedule": "R", "init_from": "run:dense_half", "max_iters": _N // 2},
-    "finetuned_routers": {"schedule": "R", "init_from": "run:dense_half", "max_iters": _N // 2,
-                          "trainable": "router"},
-    "routed_w16": {"schedule": "R", "window": 16},
-    "routed_w64": {"schedule": "R", "window": 64},
-    "routed_w128": {"schedule": "R", "window": 128},
-}
+runs = comparison_runs(_N, _CORE)
 evaluate = {"eval_tokens": 65536}
