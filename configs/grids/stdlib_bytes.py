@@ -6,7 +6,7 @@ global attention? At equal attention cost, does it beat the fixed schedules LG, 
 routing matched to it layer by layer? Does the need for global attention fall as the window grows (16, 32,
 64, 128)? How do routing from scratch and routing fine-tuned onto a dense model compare at equal total tokens
 (everything trains / only the routers train)? What does sparse-mode training (exact first, then sparse; alone and
-with a per-layer budget) cost in loss and save in compute? The rows are in stdlib_rows.py.
+with a per-layer budget) cost in loss and save in compute? The rows are in _stdlib_rows.py.
 
 Budget: 19 runs, 44 trainings of 250 steps x 4 x 1024 tokens (1.0M tokens each; fine-tuning 125 dense + 125
 routed steps), 6 layers x 4 heads x 64 wide. Training speed of one run, one thread, measured on the 2-core CPU
@@ -20,7 +20,7 @@ _N below: change it to trade time for tokens.
     python data/python_stdlib/prepare.py
     python compare.py configs/grids/stdlib_bytes.py --jobs=2
 """
-from configs.grids.stdlib_rows import comparison_runs
+from configs.grids._stdlib_rows import comparison_runs
 
 _N = 250           # steps of a run from scratch; fine-tuned: _N // 2 dense steps, then _N // 2 routed
 _CORE = [1, 2, 3]  # the rows the conclusions rest on get a third seed

@@ -1,4 +1,4 @@
-"""The rows of the stdlib comparison grids (stdlib_bytes.py, stdlib_bpe.py), written once: each grid file
+"""The rows of the stdlib comparison grids (stdlib_bytes.py, stdlib_bpe.py), written once; a module, not a grid (the leading _): each grid file
 calls comparison_runs with its number of steps.
 
 At 6 layers LLLG repeats to LLLGLL: one global layer like LLLLLG (layer 3 against layer 5), so both cost 1/6 of
