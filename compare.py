@@ -13,10 +13,12 @@ import os
 import platform
 import shlex
 import shutil
+import signal
 import sys
 import time
 from dataclasses import dataclass
 
+import grid as grid_module
 import plots
 from configurator import parse_args_or_exit
 from grid import (GridError, describe, launches, load_grid, plan, results_table, rows_of, run_jobs, train_state,
@@ -99,6 +101,14 @@ def write_record(grid, jobs, rows, table, cfg, argv, elapsed):
     return record
 
 
+def stop_grid(signum, frame):
+    """First signal: start no new training, let the running ones save a checkpoint and stop; then exit."""
+    if not grid_module.stop_requested.is_set():
+        print(f"\n{signal.Signals(signum).name}: stopping the running trainings (each saves a checkpoint)",
+              file=sys.stderr, flush=True)
+        grid_module.request_stop()
+
+
 def main(argv):
     paths = [arg for arg in argv if not arg.startswith("--")]
     (cfg,) = parse_args_or_exit([arg for arg in argv if arg.startswith("--")], CompareConfig)
@@ -118,11 +128,14 @@ def main(argv):
         for job in jobs:
             train_state(job, grid, cfg.out)  # refuses run folders trained with another command, before any run
         started = time.time()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, stop_grid)
         status = run_jobs(jobs, grid, cfg.out, cfg.jobs)
     except GridError as e:
         sys.exit(f"grid error: {e}")
-    except KeyboardInterrupt:
-        sys.exit("interrupted: run the same command again to resume (complete runs are skipped)")
+    if grid_module.stop_requested.is_set():
+        print("interrupted: run the same command again to resume (complete runs are skipped)", file=sys.stderr)
+        return 130
     rows = rows_of(jobs, status)
     table = results_table(rows, grid.references)
     record = write_record(grid, jobs, rows, table, cfg, argv, time.time() - started)

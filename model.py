@@ -200,13 +200,16 @@ class Attention(nn.Module):
         if self.kind == "dense":
             return F.scaled_dot_product_attention(q, *cache.all_keys())
         y = F.scaled_dot_product_attention(q, *cache.window_keys())
-        if self.kind == "local" or not hard.any():
+        if self.kind == "local":
             return y
         keys, values = cache.all_keys()
         if not q.is_cuda:  # the CPU reads each global head's keys where they are (a gather would copy them)
-            for i in hard.reshape(B * H).nonzero().flatten().tolist():
-                b, h = divmod(i, H)
-                y[b, h] = F.scaled_dot_product_attention(q[b, h], keys[b, h], values[b, h])
+            for i, is_global in enumerate(hard.reshape(B * H).tolist()):
+                if is_global:
+                    b, h = divmod(i, H)
+                    y[b, h] = F.scaled_dot_product_attention(q[b, h], keys[b, h], values[b, h])
+            return y
+        if not hard.any():
             return y
         heads = hard.reshape(B * H).nonzero().squeeze(1)  # the (batch, head) pairs that went global
         keys, values = (x.reshape(B * H, -1, D)[heads] for x in (keys, values))

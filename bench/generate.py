@@ -4,9 +4,10 @@
     python bench/generate.py --contexts 1024 --batches 1 --new_tokens 32        # a quick look
     python bench/generate.py --checkpoint out/quickstart                         # adds a trained routed model
 
-Models (random init unless --checkpoint): 4 layers, 4 heads, 128 wide, window 128, block_size = the largest
-context + new tokens. Rows: dense `G`, local `L`, routed `R` with random routing at --global_frac (each head of
-each token global with that probability), and the checkpoint's model at its context when given. Per row: the
+Models: 4 layers, 4 heads, 128 wide, window 128, block_size = the largest context + new tokens, random weights
+(speed does not depend on them). Rows: dense `G`, local `L`, routed `R` with random routing at --global_frac
+(each head of each token global with that probability); with --checkpoint, a second table: the trained model
+beside dense and local models of its shape, at its longest context (block_size - new tokens). Per row: the
 prompt's prefill time, decode tokens/s (new tokens x batch / decode time, the KV cache in use), their ratios to
 dense measured in the same run, and the KV cache's bytes at the end. Times are the median of --repeats runs.
 """
@@ -37,18 +38,32 @@ def measure(model, context, batch, new_tokens, repeats):
             "cache_mib": runs[-1]["cache_bytes"] / 2**20}
 
 
-def models(args, block_size):
-    base = dict(vocab_size=256, block_size=block_size, n_layer=4, n_head=4, n_embd=128, window=args.window,
-                attention_backend="torch")
-    rows = {"dense G": GPTConfig(schedule="G", **base), "local L": GPTConfig(schedule="L", **base),
-            f"routed R, random {args.global_frac:.0%}": GPTConfig(schedule="R", routing="random",
-                                                                  random_global_q=args.global_frac, **base)}
-    for name, config in rows.items():
+def suite(config, routed_name, routed_model=None, global_frac=0.1):
+    """Dense, local and a routed model of one shape (random weights: speed does not depend on them)."""
+    shape = {k: v for k, v in vars(config).items() if k not in ("schedule", "routing", "random_global_q")}
+    rows = {"dense G": GPTConfig(**{**shape, "schedule": "G"}), "local L": GPTConfig(**{**shape, "schedule": "L"})}
+    for name, cfg in rows.items():
         torch.manual_seed(0)
-        yield name, GPT(config).eval()
-    if args.checkpoint:
-        model, _ = load_model(args.checkpoint, "cpu")
-        yield f"checkpoint {args.checkpoint} ({model.config.layer_letters})", model
+        yield name, GPT(cfg).eval()
+    if routed_model is None:
+        torch.manual_seed(0)
+        routed_model = GPT(GPTConfig(**{**shape, "schedule": "R", "routing": "random",
+                                        "random_global_q": global_frac})).eval()
+    yield routed_name, routed_model
+
+
+def table(rows, contexts, batches, new_tokens, repeats):
+    print("| model | context | batch | prefill ms | prefill vs dense | decode tok/s | decode vs dense | KV cache MiB |")
+    print("|---|---|---|---|---|---|---|---|")
+    for context in contexts:
+        for batch in batches:
+            dense = None
+            for name, model in rows():
+                r = measure(model, context, batch, new_tokens, repeats)
+                dense = dense or r
+                print(f"| {name} | {context} | {batch} | {r['prefill_ms']:.0f} | "
+                      f"{dense['prefill_ms'] / r['prefill_ms']:.2f}x | {r['decode_tok_s']:,.0f} | "
+                      f"{r['decode_tok_s'] / dense['decode_tok_s']:.2f}x | {r['cache_mib']:.1f} |", flush=True)
 
 
 def main(argv):
@@ -63,24 +78,22 @@ def main(argv):
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    block_size = max(args.contexts) + args.new_tokens
     print(f"# generation: prefill and decode, torch backend, {args.threads} thread(s), fp32\n")
     print(f"python bench/generate.py {' '.join(argv)}  \nmachine: {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} CPUs, torch {torch.__version__}; {args.new_tokens} new tokens, temperature 0, "
           f"median of {args.repeats}\n")
-    print("| model | context | batch | prefill ms | prefill vs dense | decode tok/s | decode vs dense | KV cache MiB |")
-    print("|---|---|---|---|---|---|---|---|")
-    for context in args.contexts:
-        for batch in args.batches:
-            dense = None
-            for name, model in models(args, block_size):
-                if model.config.block_size < context + args.new_tokens:
-                    continue  # a checkpoint trained on shorter blocks
-                r = measure(model, context, batch, args.new_tokens, args.repeats)
-                dense = dense or r
-                print(f"| {name} | {context} | {batch} | {r['prefill_ms']:.0f} | "
-                      f"{dense['prefill_ms'] / r['prefill_ms']:.2f}x | {r['decode_tok_s']:,.0f} | "
-                      f"{r['decode_tok_s'] / dense['decode_tok_s']:.2f}x | {r['cache_mib']:.1f} |", flush=True)
+    base = GPTConfig(vocab_size=256, block_size=max(args.contexts) + args.new_tokens, n_layer=4, n_head=4,
+                     n_embd=128, window=args.window, attention_backend="torch")
+    print(f"## 4 layers x 4 heads x 128 wide, window {args.window}, random weights\n")
+    table(lambda: suite(base, f"routed R, random {args.global_frac:.0%}", global_frac=args.global_frac),
+          args.contexts, args.batches, args.new_tokens, args.repeats)
+    if args.checkpoint:
+        model, _ = load_model(args.checkpoint, "cpu")
+        cfg = model.config
+        print(f"\n## {args.checkpoint}: {cfg.n_layer} layers x {cfg.n_head} heads x {cfg.n_embd} wide, window "
+              f"{cfg.window}, trained; dense and local of its shape beside it, at its longest context\n")
+        table(lambda: suite(cfg, f"trained {cfg.layer_letters}", model), [cfg.block_size - args.new_tokens],
+              args.batches, args.new_tokens, args.repeats)
 
 
 if __name__ == "__main__":

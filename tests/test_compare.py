@@ -1,10 +1,14 @@
 import json
 import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 
 import pytest
 
+import checkpoint
 import compare
 import grid
 from grid import GridError, Row, gap_recovery, is_tie, load_grid, plan, results_table, spread, train_argv
@@ -240,3 +244,25 @@ def test_grid_runs_skips_what_is_complete_resumes_what_is_not_and_writes_the_rec
     write_grid(tmp_path / "two.py", runs, {**TINY, "data_dir": str(tiny_corpus)}, extra=evaluate)
     with pytest.raises(SystemExit, match="was trained with another command .*--router_lambda=0.5.*delete that folder"):
         compare.main(argv)
+
+
+@pytest.mark.slow
+def test_a_signal_stops_the_grid_and_every_run_saves_its_step(tmp_path, tiny_corpus):
+    out = str(tmp_path / "out")
+    runs = {"long": {"schedule": "R", "max_iters": 100000, "lr_decay_iters": 1000, "log_interval": 1},
+            "later": {"schedule": "L"}}
+    path = write_grid(tmp_path / "stop.py", runs, {**TINY, "data_dir": str(tiny_corpus)})
+    proc = subprocess.Popen([sys.executable, "compare.py", path, "--jobs=1", f"--out={out}",
+                             f"--record_dir={tmp_path / 'results'}"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    log = os.path.join(out, "stop", "long__seed_1", "train.log")
+    deadline = time.time() + 120
+    while time.time() < deadline and not (os.path.exists(log) and "iter 3:" in open(log).read()):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)  # as a Ctrl-C to the runner alone
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "run the same command again to resume" in err, err
+    step = checkpoint.load_checkpoint(os.path.dirname(log), "cpu")["iter_num"]
+    assert step >= 3 and "stopped by SIGTERM: saved" in open(log).read()
+    assert not os.path.exists(os.path.join(out, "stop", "later__seed_1"))  # no new run started
+    assert not os.path.exists(tmp_path / "results")  # and no record of an unfinished grid
