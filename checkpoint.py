@@ -22,15 +22,19 @@ def checkpoint_path(path):
     return os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path
 
 
-def save_checkpoint(path, state):
-    """Write to a temporary file, then rename: a crash mid-save leaves the previous checkpoint intact."""
+def atomic_write(path, write):
+    """write(tmp_path), then rename onto path: a crash mid-write leaves the previous file intact."""
     tmp = path + ".tmp"
     try:
-        torch.save(state, tmp)
+        write(tmp)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+def save_checkpoint(path, state):
+    atomic_write(path, lambda tmp: torch.save(state, tmp))
 
 
 BEST_NAME = "ckpt_best.pt"
@@ -39,13 +43,7 @@ BEST_NAME = "ckpt_best.pt"
 def save_best(path, best_path):
     """Copy the checkpoint at path to best_path, atomically. A copy, not a hard link: damage to one file's
     blocks must leave the other readable."""
-    tmp = best_path + ".tmp"
-    try:
-        shutil.copyfile(path, tmp)
-        os.replace(tmp, best_path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    atomic_write(best_path, lambda tmp: shutil.copyfile(path, tmp))
 
 
 def load_resume_checkpoint(out_dir, device):
