@@ -11,6 +11,7 @@ import sys
 
 import torch
 
+from atomic_files import atomic_write
 from model import GPT, GPTConfig
 
 # state-dict keys renamed since checkpoints were first written: old name -> new name
@@ -20,17 +21,6 @@ RENAMED_KEYS = {".router.proj.": ".router.logits."}
 def checkpoint_path(path):
     """A run's folder or a checkpoint file -> the file."""
     return os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path
-
-
-def atomic_write(path, write):
-    """write(tmp_path), then rename onto path: a crash mid-write leaves the previous file intact."""
-    tmp = path + ".tmp"
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 def save_checkpoint(path, state):

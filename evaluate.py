@@ -10,11 +10,11 @@ A path is a checkpoint file, a run folder (its ckpt.pt) or a folder of run folde
 JSON goes to OUT_DIR/<run>.json and the table to OUT_DIR/eval.md; without it, each JSON goes next to its
 checkpoint as eval.json and the table is only printed.
 """
-import json
 import os
 import sys
 from dataclasses import dataclass
 
+from atomic_files import write_json
 from configurator import parse_args_or_exit
 from evaluation import (DEFAULT_EVAL_TOKENS, DEFAULT_THRESHOLDS, check_thresholds, evaluate_checkpoint,
                         find_checkpoints, format_result, markdown_table, run_name, trained_data_dir)
@@ -55,8 +55,8 @@ def main(argv):
                 batch_size=cfg.batch_size, device=cfg.device, dtype=cfg.dtype, router_threshold=cfg.router_threshold,
                 max_examples=cfg.max_examples, log=print)
             print(format_result(result, cfg.dtype))
-            write_json(result, os.path.join(cfg.out_dir, f"{result['run']}.json") if cfg.out_dir else
-                       os.path.join(os.path.dirname(path), "eval.json"))
+            write_result(result, os.path.join(cfg.out_dir, f"{result['run']}.json") if cfg.out_dir else
+                         os.path.join(os.path.dirname(path), "eval.json"))
             results.append(result)
     except (FileNotFoundError, ValueError) as e:
         sys.exit(f"error: {e}")
@@ -67,11 +67,9 @@ def main(argv):
             f.write(table)
 
 
-def write_json(result, path):
+def write_result(result, path):
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(result, f, indent=2, allow_nan=False)
-        f.write("\n")
+    write_json(path, result, indent=2, allow_nan=False)
     print(f"wrote {path}")
 
 

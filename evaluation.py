@@ -95,7 +95,8 @@ def rng_devices(model):
 def evaluate_loss(model, batches, autocast=None, force_global=False):
     """Mean LM loss over the scored targets of the batches and their mean routing_stats. Random routing draws
     from a forked RNG seeded 0: the same gates on every call, and the caller's RNG does not move. The model's
-    train/eval mode is left as it was."""
+    train/eval mode is left as it was. Routed layers run 'sparse' here (no gradient): 'computed' FLOPs count
+    the mode the model trains in, 'model_inference_flop_frac' what this evaluation computed."""
     device, training = next(model.parameters()).device, model.training
     model.eval()
     loss_sum, scored, stats = 0.0, 0, []
@@ -107,7 +108,8 @@ def evaluate_loss(model, batches, autocast=None, force_global=False):
                 out = model(x, y, force_global=force_global)
             n = int((y != -1).sum())
             loss_sum, scored = loss_sum + out.lm_loss.item() * n, scored + n
-            stats.append(routing_stats(out, model.config))
+            stats.append(routing_stats(out, model.config, mode=model.config.routed_mode))
+            stats[-1]["model_inference_flop_frac"] = routing_stats(out, model.config)["model_computed_flop_frac"]
     model.train(training)
     return loss_sum / scored if scored else math.nan, mean_stats(stats)
 
@@ -179,7 +181,7 @@ def evaluate_routing(model, data, split="val", max_examples=500, batch_size=16):
             is_answer = data.token_array(split, "answer", batch) == 1
             labels = data.token_array(split, "needs_global", batch)
             out = model(x.to(device), y.to(device))
-            stats.append(routing_stats(out, model.config))
+            stats.append(routing_stats(out, model.config, mode=model.config.routed_mode))
             n_scored = int((y != -1).sum())
             loss_sum, scored = loss_sum + out.lm_loss.item() * n_scored, scored + n_scored
             correct = out.logits.argmax(-1).cpu() == targets
@@ -314,8 +316,10 @@ def format_result(result, dtype="float32"):
     if r["global_frac"] is not None:
         layers = ", ".join(f"{i} {pct(f)}" for i, f in enumerate(r["global_frac_per_layer"]) if f is not None)
         lines.append(f"global {pct(r['global_frac'])} of the routed decisions (per layer: {layers})")
-    lines.append(f"attention FLOPs vs dense: ideal {pct(r['attention_flop_frac_ideal'])}, computed "
-                 f"{pct(r['attention_flop_frac_computed'])} (routed_mode {r['model_config']['routed_mode']})")
+    inference = r.get("attention_flop_frac_inference")
+    lines.append(f"attention FLOPs vs dense: ideal {pct(r['attention_flop_frac_ideal'])}, computed in training "
+                 f"{pct(r['attention_flop_frac_computed'])} (routed_mode {r['model_config']['routed_mode']})"
+                 + (f", at inference {pct(inference)}" if inference is not None else ""))
     lines.append(f"KV cache at {r['context_length']:,} positions ({dtype}): {r['kv_cache_bytes']:,} bytes, "
                  f"{pct(r['kv_cache_bytes'] / r['kv_cache_bytes_dense'])} of dense "
                  f"({r['kv_cache_bytes_dense']:,})")

@@ -34,6 +34,7 @@ import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
+from atomic_files import write_json
 from configurator import ConfigError, parse_args, read_config_file
 from model import GPTConfig
 from train_config import TrainConfig
@@ -443,10 +444,7 @@ def launch(job, step, argv, log_name):
             _running.discard(proc)
     record = launches(job.out_dir) + [{"step": step, "argv": argv, "cwd": os.getcwd(), "started": time.strftime(
         "%Y-%m-%d %H:%M:%S", time.localtime(started)), "wall_s": round(time.time() - started, 2), "returncode": code}]
-    tmp = os.path.join(job.out_dir, "launches.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(record, f, indent=1)
-    os.replace(tmp, os.path.join(job.out_dir, "launches.json"))
+    write_json(os.path.join(job.out_dir, "launches.json"), record)
     return code
 
 

@@ -181,8 +181,7 @@ class Attention(nn.Module):
         if cache is not None and cache.length > 0:
             y = self.decode(q, k, v, hard, cache)
         else:
-            # generation (a cache) needs no gradient: routed layers compute full attention only where gated
-            mode = "sparse" if cache is not None and not force_global else routed_mode(cfg, force_global)
+            mode = routed_mode(cfg, force_global, generating=cache is not None)
             y = attention(q, k, v, kind=self.kind, window=cfg.window, n_sink=cfg.n_sink, gate=gate, mode=mode,
                           backend=cfg.attention_backend)
             if cache is not None:
@@ -219,9 +218,13 @@ class Attention(nn.Module):
         return y.reshape(B * H, 1, D).index_copy(0, heads, full).view(B, H, 1, D)
 
 
-def routed_mode(config, force_global):
-    """The mode routed layers run in: an all-global step runs 'exact' (the dense kernel is cheapest)."""
-    return "exact" if force_global else config.routed_mode
+def routed_mode(config, force_global, generating=False):
+    """The mode routed layers run in: an all-global step runs 'exact' (the dense kernel is cheapest); without a
+    gradient (evaluation) or with a KV cache (generation) 'sparse', since 'exact' computes full attention for
+    every token only so that the straight-through gradient is exact."""
+    if force_global:
+        return "exact"
+    return config.routed_mode if torch.is_grad_enabled() and not generating else "sparse"
 
 
 class MLP(nn.Module):
@@ -379,7 +382,7 @@ class GPT(nn.Module):
             gates.append(hard)
             probs.append(p)
         x = self.ln_f(x)
-        mode = routed_mode(self.config, force_global)
+        mode = routed_mode(self.config, force_global, generating=bool(cache))
         if targets is None:
             return GPTOutput(logits=self.lm_head(x[:, -1:]), gates=gates, probs=probs, seq_len=T, routed_mode=mode)
         logits = self.lm_head(x)

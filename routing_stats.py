@@ -7,7 +7,9 @@ Attention cost is counted in keys read per query (query-key pairs), relative to 
 - ideal: what the gates ask for: a global token reads keys 0 .. t, a local one its window and sinks;
 - computed: what the mode computes: 'exact' runs local and full attention for every routed token, 'sparse'
   local for every token plus full for the gated ones (forced-global steps run 'exact'). Tile padding inside
-  a kernel is not counted.
+  a kernel is not counted. Evaluation and generation run 'sparse' whatever the model trains in (no gradient
+  needs the full output of a local token), so reports count 'computed' for the mode the model trains in (the
+  cost of training on those tokens) and 'inference' for what the pass ran.
 """
 import math
 
@@ -36,8 +38,9 @@ def training_flops_per_token(config, n_params, computed_flop_frac):
 
 
 @torch.no_grad()
-def routing_stats(output, config):
-    """Routing statistics of one forward pass (a model.GPTOutput).
+def routing_stats(output, config, mode=None):
+    """Routing statistics of one forward pass (a model.GPTOutput); `mode` is the routed mode whose cost
+    'computed' counts (default: the mode the pass ran in).
 
     Per layer and head (n_layer, H): 'global_frac', the fraction of tokens whose head attended globally (1 for
     dense layers, 0 for local); 'mean_p', the mean router probability (nan without a learned router). Per
@@ -48,13 +51,14 @@ def routing_stats(output, config):
     T, H, device = output.seq_len, config.n_head, output.logits.device
     dense_keys = keys_read("dense", T, config.window, config.n_sink, device).float()
     local_keys = keys_read("local", T, config.window, config.n_sink, device).float()
+    mode = mode or output.routed_mode
     global_frac, mean_p, ideal, computed = [], [], [], []
     for kind, hard, p in zip(config.kinds, output.gates, output.probs):
         if kind == "routed":
             g = hard.float()  # (B, H, T)
             frac = g.mean(dim=(0, 2))
             ideal_keys = (g * dense_keys + (1 - g) * local_keys).mean(dim=(0, 1)).sum()
-            full_keys = dense_keys if output.routed_mode == "exact" else g.mean(dim=(0, 1)) * dense_keys
+            full_keys = dense_keys if mode == "exact" else g.mean(dim=(0, 1)) * dense_keys
             computed_keys = (local_keys + full_keys).sum()
         else:
             frac = torch.full((H,), 1.0 if kind == "dense" else 0.0, device=device)
@@ -84,7 +88,8 @@ def mean_stats(stats_list):
 
 def routing_summary(stats, kinds):
     """Global fraction of the routed layers (overall, per layer, per head; None where a layer is not routed)
-    and the model's attention FLOPs vs dense, ideal and computed, as plain numbers (for JSON)."""
+    and the model's attention FLOPs vs dense, ideal, computed (and at inference, where evaluation measured it),
+    as plain numbers (for JSON)."""
     routed, frac = [kind == "routed" for kind in kinds], stats["routed_global_frac"].item()
     return {
         "global_frac": None if math.isnan(frac) else frac,
@@ -92,6 +97,8 @@ def routing_summary(stats, kinds):
         "global_frac_per_head": [frac.tolist() if r else None for frac, r in zip(stats["global_frac"], routed)],
         "attention_flop_frac_ideal": stats["model_ideal_flop_frac"].item(),
         "attention_flop_frac_computed": stats["model_computed_flop_frac"].item(),
+        **({"attention_flop_frac_inference": stats["model_inference_flop_frac"].item()}
+           if "model_inference_flop_frac" in stats else {}),
     }
 
 

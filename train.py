@@ -5,7 +5,6 @@
 
 Every setting is a field of train_config.TrainConfig or of model.GPTConfig.
 """
-import json
 import math
 import os
 import signal
@@ -20,11 +19,13 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
+from atomic_files import write_json
 from checkpoint import (BEST_NAME, load_checkpoint, load_model_state, load_resume_checkpoint, save_best,
                         save_checkpoint)
 from configurator import parse_args_or_exit, run_main
 from data.loader import TokenData
 from device import autocast_context, peak_flops, pick_device, pick_dtype
+from evaluation import evaluate_loss
 from gpt2_weights import gpt2_state_dict, is_pretrained
 from model import GPT, RUNTIME_KEYS, GPTConfig
 from routing_stats import (format_routing, mean_stats, routing_stats, routing_summary, training_flops_per_token,
@@ -81,31 +82,6 @@ class LambdaController:
 
     def weights(self, n_layers):
         return self.lam if self.per_layer else self.lam.expand(n_layers)
-
-
-def write_json(path, obj):
-    """Atomic like the checkpoint: readers never see half a file."""
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1)
-    os.replace(tmp, path)
-
-
-@torch.no_grad()
-def evaluate(model, batches, autocast):
-    """Mean val LM loss and routing statistics over the fixed val batches. Runs on a forked, fixed RNG
-    (random routing draws from it), so evaluating neither changes training nor varies between calls."""
-    model.eval()
-    losses, stats = [], []
-    with torch.random.fork_rng(devices=[torch.cuda.current_device()] if torch.cuda.is_available() else []):
-        torch.manual_seed(0)
-        for x, y in batches:
-            with autocast:
-                out = model(x, y)
-            losses.append(out.lm_loss.item())
-            stats.append(routing_stats(out, model.config))
-    model.train()
-    return sum(losses) / len(losses), mean_stats(stats)
 
 
 class TrainingStopped(Exception):
@@ -327,7 +303,7 @@ def _train_on(tcfg, mcfg, signals, ddp, rank, world, device):
 
     def eval_and_save(final=False):
         nonlocal best_val
-        val_loss, stats = evaluate(raw_model, [(x.to(device), y.to(device)) for x, y in val_batches], autocast)
+        val_loss, stats = evaluate_loss(raw_model, val_batches, autocast)  # fixed RNG: training does not move
         finite = math.isfinite(val_loss)
         is_best = finite and val_loss < best_val
         best_val = min(best_val, val_loss) if finite else best_val

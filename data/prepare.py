@@ -26,6 +26,7 @@ import numpy as np
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from atomic_files import atomic_write  # noqa: E402
 from configurator import run_main  # noqa: E402
 from data.tokens import ENCODINGS, Encoder, TokenWriter, token_path, write_meta  # noqa: E402
 
@@ -221,13 +222,10 @@ def fetch(source, path):
     if not os.path.exists(path):
         print(f"downloading {source} to {path}")
         try:
-            urllib.request.urlretrieve(source, path + ".tmp")
+            atomic_write(path, lambda tmp: urllib.request.urlretrieve(source, tmp))
         except (OSError, ValueError) as e:
-            if os.path.exists(path + ".tmp"):
-                os.remove(path + ".tmp")
             raise ConnectionError(f"could not download {source} ({e}); offline, pass a local copy with "
-                               f"--input=PATH") from None
-        os.replace(path + ".tmp", path)
+                                  f"--input=PATH") from None
     return path
 
 

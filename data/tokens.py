@@ -6,6 +6,8 @@ import os
 
 import numpy as np
 
+from atomic_files import write_json
+
 TIKTOKEN_ENCODINGS = ("gpt2", "cl100k_base", "o200k_base", "r50k_base", "p50k_base")
 ENCODINGS = ("gpt2", "cl100k_base", "o200k_base", "bytes", "char")
 
@@ -58,10 +60,7 @@ def write_tokens(out_dir, split, documents, dtype, eot_token):
 
 
 def write_meta(out_dir, meta):
-    path = os.path.join(out_dir, "meta.json")
-    with open(path + ".tmp", "w") as f:
-        json.dump(meta, f, indent=2)
-    os.replace(path + ".tmp", path)
+    write_json(os.path.join(out_dir, "meta.json"), meta, indent=2)
 
 
 def read_meta(data_dir):

@@ -29,7 +29,8 @@ EVAL_TOKENS, BATCH = 2048, 32  # 64 windows of 32 tokens in two batches: a tiny 
 FAST = [f"--eval_tokens={EVAL_TOKENS}", f"--batch_size={BATCH}", "--device=cpu"]
 SPEC_KEYS = {"checkpoint", "run", "layers", "model_config", "data_dir", "encoding", "eval_tokens", "val_loss",
              "perplexity", "bits_per_byte", "global_frac", "global_frac_per_layer", "global_frac_per_head",
-             "attention_flop_frac_ideal", "attention_flop_frac_computed", "kv_cache_bytes", "kv_cache_bytes_dense",
+             "attention_flop_frac_ideal", "attention_flop_frac_computed", "attention_flop_frac_inference",
+             "kv_cache_bytes", "kv_cache_bytes_dense",
              "context_length", "threshold_sweep"}
 SWEEP_KEYS = {"threshold", "val_loss", "global_frac", "attention_flop_frac_ideal", "attention_flop_frac_computed"}
 
@@ -145,6 +146,10 @@ def test_evaluation_has_the_spec_keys_and_is_the_same_twice(runs):
     with torch.no_grad():
         out = model(x, y)
     assert result["val_loss"] == pytest.approx(out.lm_loss.item(), rel=1e-5)
+    # evaluation ran sparse (no gradient): it computed less than training in the model's exact mode does
+    assert result["model_config"]["routed_mode"] == "exact"
+    assert result["attention_flop_frac_ideal"] < result["attention_flop_frac_inference"] < \
+        result["attention_flop_frac_computed"]
     gates = [g.float() for g in out.gates]
     assert result["global_frac"] == pytest.approx(torch.stack(gates).mean().item())
     assert result["global_frac_per_layer"] == pytest.approx([g.mean().item() for g in gates])

@@ -174,6 +174,30 @@ def test_routed_layer_flop_fraction_ideal_and_computed(mode, bias):
     torch.testing.assert_close(forced["computed_flop_frac"], (1 + local)[None])
 
 
+def test_without_a_gradient_routed_layers_run_sparse_and_compute_what_exact_computes(monkeypatch):
+    """Evaluation needs no straight-through gradient, so an exact-mode model runs sparse there: the same
+    logits, fewer FLOPs; routing_stats can still count what training in the model's mode computes."""
+    torch.manual_seed(0)
+    cfg = small_config(schedule="RLR", n_layer=3, router_init_std=1.0, n_sink=2, routed_mode="exact")
+    model, x = GPT(cfg).double(), tokens()
+    modes = []
+    monkeypatch.setattr("model.attention", lambda *a, mode, **kw: modes.append(mode) or attention(*a, mode=mode, **kw))
+    trained = model(x, x)
+    assert modes == ["exact", "exact", "exact"] and trained.routed_mode == "exact"
+    modes.clear()
+    with torch.no_grad():
+        evaluated = model(x, x)
+        forced = model(x, x, force_global=True)
+    assert modes == ["sparse"] * 3 + ["exact"] * 3 and evaluated.routed_mode == "sparse"
+    assert 0 < evaluated.gates[0].float().mean() < 1  # a real mix of global and local tokens
+    torch.testing.assert_close(evaluated.logits, trained.logits.detach())
+    assert forced.routed_mode == "exact"
+    as_run, as_trained = routing_stats(evaluated, cfg), routing_stats(evaluated, cfg, mode="exact")
+    torch.testing.assert_close(as_trained["computed_flop_frac"], routing_stats(trained, cfg)["computed_flop_frac"])
+    assert as_run["model_computed_flop_frac"] < as_trained["model_computed_flop_frac"]
+    torch.testing.assert_close(as_run["ideal_flop_frac"], as_trained["ideal_flop_frac"])
+
+
 def test_router_explore_sends_a_fraction_of_local_decisions_global_in_training_only():
     torch.manual_seed(0)
     model = GPT(small_config(schedule="R", router_init_bias=-30.0, router_explore=0.25))
