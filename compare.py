@@ -1,12 +1,16 @@
 """Run a grid of trainings and compare them at equal budget: one command from grid file to record.
 
     python compare.py configs/grids/NAME.py [--jobs=2] [--out=out/grids] [--record_dir=results] [--dry_run]
+    python compare.py --summary=NAME RECORD [RECORD ...]
 
 Trains every run of the grid file at every seed as train.py would (one process each, one thread each, --jobs
 at a time; each writes OUT/NAME/RUN__seed_S/train.log and TensorBoard events), skips complete runs, resumes
 interrupted ones, evaluates each checkpoint with evaluate.py, and writes the record RECORD_DIR/<date>_NAME/:
-README.md (question, command, budget, table, final log lines), table.md, the grid file and the plots.
+README.md (question, command, budget, table, final log lines), table.md, rows.json (every number of the table
+and the plots, per seed), the grid file and the plots.
 --dry_run prints the plan: each run's command and whether it will be trained, resumed or skipped.
+--summary=NAME puts several records (grids with the same runs, e.g. one per corpus) side by side in one table
+and one plot: RECORD_DIR/<date>_NAME/ with README.md, table.md and pareto.png, drawn from their rows.json.
 Exit code 0 only when every run of the grid finished and was evaluated. The grid file format: grid.py.
 """
 import os
@@ -21,8 +25,8 @@ from dataclasses import dataclass
 import grid as grid_module
 import plots
 from configurator import parse_args_or_exit
-from grid import (GridError, describe, launches, load_grid, plan, results_table, rows_of, run_jobs, train_state,
-                  window_groups)
+from grid import (GridError, describe, launches, load_grid, load_rows, plan, results_table, rows_of, run_jobs,
+                  summary_table, train_state, window_groups)
 
 
 @dataclass
@@ -31,6 +35,7 @@ class CompareConfig:
     out: str = "out/grids"        # runs train in OUT/<grid>/<run>__seed_<seed>
     record_dir: str = "results"   # the record goes to RECORD_DIR/<date>_<grid>/
     dry_run: bool = False         # print the plan, run nothing
+    summary: str = ""             # NAME: the records named on the command line side by side, in RECORD_DIR/<date>_NAME
 
 
 def log_tail(path, n=3):
@@ -65,6 +70,7 @@ def write_record(grid, jobs, rows, table, cfg, argv, elapsed):
     os.makedirs(record, exist_ok=True)
     with open(os.path.join(record, "table.md"), "w") as f:
         f.write(table)
+    grid_module.save_rows(os.path.join(record, "rows.json"), grid, rows)
     shutil.copyfile(grid.path, os.path.join(record, os.path.basename(grid.path)))
     plots.pareto(os.path.join(record, "pareto.png"), rows)
     by_name = {row.run: row for row in rows}
@@ -101,6 +107,27 @@ def write_record(grid, jobs, rows, table, cfg, argv, elapsed):
     return record
 
 
+def write_summary(records, cfg, argv):
+    """RECORD_DIR/<date>_NAME/: the records' rows in one table (grid.summary_table) and one plot (one Pareto
+    panel per record); returns its path."""
+    grids = [(os.path.basename(os.path.normpath(path)), *load_rows(path)) for path in records]
+    table = summary_table([(name, rows, references) for _, name, references, rows in grids])
+    record = os.path.join(cfg.record_dir, f"{time.strftime('%Y-%m-%d')}_{cfg.summary}")
+    os.makedirs(record, exist_ok=True)
+    with open(os.path.join(record, "table.md"), "w") as f:
+        f.write(table)
+    plots.pareto_panels(os.path.join(record, "pareto.png"), [(name, rows) for _, name, _, rows in grids])
+    sources = [f"- [{folder}](../{folder}/): grid {name}" for folder, name, _, _ in grids]
+    lines = [f"# Summary {cfg.summary}", "", f"Date: {time.strftime('%Y-%m-%d')}. Written by compare.py from the "
+             "records below (their rows.json); the runs, budgets and commands are in each record.", "",
+             "## Command", "", "```bash", shlex.join(["python", "compare.py", *argv]), "```", "",
+             "## Records", "", *sources, "", "## Table", "", table, "", "## Plot", "",
+             "![val loss against attention FLOPs, one panel per grid](pareto.png)", ""]
+    with open(os.path.join(record, "README.md"), "w") as f:
+        f.write("\n".join(lines))
+    return record
+
+
 def stop_grid(signum, frame):
     """First signal: start no new training, let the running ones save a checkpoint and stop; then exit."""
     if not grid_module.stop_requested.is_set():
@@ -112,6 +139,16 @@ def stop_grid(signum, frame):
 def main(argv):
     paths = [arg for arg in argv if not arg.startswith("--")]
     (cfg,) = parse_args_or_exit([arg for arg in argv if arg.startswith("--")], CompareConfig)
+    if cfg.summary:
+        if not paths:
+            sys.exit("--summary=NAME: name the record folders to put side by side (results/<date>_<grid> ...)")
+        try:
+            record = write_summary(paths, cfg, argv)
+        except GridError as e:
+            sys.exit(f"error: {e}")
+        print(open(os.path.join(record, "table.md")).read())
+        print(f"summary: {record}")
+        return 0
     if len(paths) != 1:
         sys.exit("name one grid file: python compare.py configs/grids/NAME.py [--jobs=2] [--dry_run]")
     if cfg.jobs < 1:

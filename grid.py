@@ -683,6 +683,58 @@ def results_table(rows, references):
     return "\n".join(lines + notes) + "\n"
 
 
+def save_rows(path, grid, rows):
+    """rows.json of a record: the grid's name and references and every row with its per-seed results, so that
+    tables and plots can be drawn again from the record alone (load_rows)."""
+    write_json(path, {"grid": grid.name, "references": grid.references, "rows": [dataclasses.asdict(r) for r in rows]})
+
+
+def load_rows(record):
+    """(grid name, references, rows) from a record folder that compare.py wrote."""
+    path = os.path.join(record, "rows.json")
+    saved = read_json(path)
+    if not saved:
+        raise GridError(f"{path} not found or not JSON: name a record folder that compare.py wrote "
+                        f"(results/<date>_<grid>)")
+    return saved["grid"], saved["references"], [Row(**row) for row in saved["rows"]]
+
+
+def summary_table(grids):
+    """One table over several grids with the same runs: per run, for each grid, the val loss (mean [min-max]),
+    the routed global fraction, the ideal attention FLOPs vs dense and the difference to the grid's best fixed
+    schedule. grids: [(title, rows, references)]."""
+    names, layers = [], {}
+    for _, rows, _ in grids:
+        for row in rows:
+            if row.run not in layers:
+                names.append(row.run)
+                layers[row.run] = row.layers
+    header = ["run", "layers"] + [f"{title}: {column}" for title, _, _ in grids
+                                  for column in ("val loss", "global", "attn FLOPs", "vs best fixed")]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    by_grid = [({row.run: row for row in rows}, best_fixed(rows)) for _, rows, _ in grids]
+    for name in names:
+        cells = [name, layers[name]]
+        for by_name, best in by_grid:
+            row = by_name.get(name)
+            if row is None:
+                cells += ["-"] * 4
+                continue
+            frac = row.stat("global_frac")
+            cells += [fmt_loss(row.stat("val_loss")), "-" if frac is None else fmt_pct(frac, 1),
+                      fmt_pct(row.stat("flops_ideal")), versus_best_fixed(row, best)]
+        lines.append("| " + " | ".join(cells) + " |")
+    notes = ["", "Val loss on each grid's fixed validation windows, mean over seeds with [min-max]; global: the routed "
+             "layers' global decisions; attention FLOPs: ideal, vs an all-dense model of the same shape; vs best "
+             "fixed: mean val loss minus that of the grid's best schedule without routed layers, (tie) where the "
+             "difference is smaller than the larger of the two rows' seed ranges."]
+    for title, rows, _ in grids:
+        best = best_fixed(rows)
+        if best:
+            notes.append(f"{title}: best fixed schedule {best.run} ({fmt_loss(best.stat('val_loss'))}).")
+    return "\n".join(lines + notes) + "\n"
+
+
 def window_groups(jobs):
     """Runs with routed layers that differ from each other only in window: [[(window, run), ...], ...], each
     group with at least two windows, sorted by window."""

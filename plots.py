@@ -36,15 +36,44 @@ def _error(stat):
     return [[stat[0] - stat[1]], [stat[2] - stat[0]]]
 
 
+PARETO_TITLE = "squares fixed, triangles random, circles routed; lines: threshold sweeps"
+
+
 def pareto(path, rows):
     """Val loss against ideal attention FLOPs: every fixed schedule and random run a point with its seed range
     as error bars, every routed run its threshold-sweep curves (one thin line per seed) and its trained point."""
     fig, ax = _axes(WIDE)
-    for i, row in enumerate(rows):
+    _pareto_points(ax, rows, {row.run: _color(i) for i, row in enumerate(rows)})
+    ax.set_title(f"loss against attention cost ({PARETO_TITLE})", fontsize=9)
+    _legend_beside(ax)
+    _save(fig, path)
+
+
+def pareto_panels(path, panels):
+    """pareto() for several grids side by side, one panel each (title, rows); a run has one colour in all."""
+    names = list(dict.fromkeys(row.run for _, rows in panels for row in rows))
+    colors = {name: _color(i) for i, name in enumerate(names)}
+    fig = Figure(figsize=(4.2 * len(panels) + 2.0, 4.6))
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    for ax, (title, rows) in zip(axes, panels):
+        _pareto_points(ax, rows, colors)
+        ax.set_title(title, fontsize=9)
+    handles = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    fig.suptitle(f"val loss against attention cost ({PARETO_TITLE})", fontsize=9)
+    fig.legend(list(handles.values()), list(handles), fontsize=7, loc="center right")
+    fig.tight_layout(rect=(0, 0, 1 - 1.9 / fig.get_figwidth(), 1))
+    fig.savefig(path, dpi=DPI)
+
+
+def _pareto_points(ax, rows, colors):
+    for row in rows:
         loss, flops = row.stat("val_loss"), row.stat("flops_ideal")
         if loss is None or flops is None:
             continue
-        color = _color(i)
+        color = colors[row.run]
         if row.kind == "routed":
             for result in row.results:
                 sweep = sorted((p["attention_flop_frac_ideal"], p["val_loss"]) for p in result["sweep"])
@@ -55,11 +84,7 @@ def pareto(path, rows):
     ax.xaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
     ax.set_xlabel("attention FLOPs vs dense (ideal)")
     ax.set_ylabel("val loss")
-    ax.set_title("loss against attention cost (squares fixed, triangles random, circles routed; "
-                 "lines: threshold sweeps)", fontsize=9)
     ax.grid(alpha=0.3)
-    _legend_beside(ax)
-    _save(fig, path)
 
 
 def window(path, groups):

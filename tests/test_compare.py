@@ -180,6 +180,37 @@ def test_plots_are_small_pngs_drawn_from_the_rows(tmp_path):
         assert data.startswith(b"\x89PNG") and 5_000 < len(data) < 150_000
 
 
+def test_a_summary_puts_records_side_by_side_from_their_rows_json(tmp_path, capsys):
+    """rows.json holds what a record's table and plots need; --summary reads two records back into one table
+    (a column group per record) and one plot."""
+    def rows(shift):
+        return [Row("local", "fixed", "LL", [1, 2], [result(1, 2.30 + shift), result(2, 2.26 + shift)]),
+                Row("dense", "fixed", "GG", [1, 2], [result(1, 2.10 + shift), result(2, 2.12 + shift)]),
+                Row("routed", "routed", "RR", [1, 2], [result(s, 2.16 + shift, global_frac=0.1 * s) for s in (1, 2)])]
+    records = []
+    for name, shift in (("bytes", 0.0), ("bpe", 1.0)):
+        records.append(str(tmp_path / f"2026-01-01_{name}"))
+        os.makedirs(records[-1])
+        g = grid.Grid(name, "", "", [], {}, [1, 2], {}, {}, {"local": "local", "dense": "dense"}, {})
+        grid.save_rows(os.path.join(records[-1], "rows.json"), g, rows(shift))
+    name, references, loaded = grid.load_rows(records[1])
+    assert name == "bpe" and references == {"local": "local", "dense": "dense"} and loaded == rows(1.0)
+    out = str(tmp_path / "results")
+    assert compare.main(["--summary=both", *records, f"--record_dir={out}"]) == 0
+    (folder,) = os.listdir(out)
+    assert folder.endswith("_both") and set(os.listdir(os.path.join(out, folder))) == {"README.md", "table.md",
+                                                                                        "pareto.png"}
+    table = open(os.path.join(out, folder, "table.md")).read()
+    line = cells(table)["routed"]
+    assert line[:2] == ["routed", "RR"] and line[2:6] == ["2.160", "15.0%", "50%", "+0.050"]  # best fixed: dense 2.11
+    assert line[6:10] == ["3.160", "15.0%", "50%", "+0.050"] and "| bpe: val loss |" in table
+    assert cells(table)["dense"][5] == "best fixed"
+    png = open(os.path.join(out, folder, "pareto.png"), "rb").read()
+    assert png.startswith(b"\x89PNG") and 5_000 < len(png) < 200_000
+    with pytest.raises(SystemExit, match="rows.json not found"):
+        compare.main(["--summary=again", str(tmp_path), f"--record_dir={out}"])
+
+
 def test_the_committed_grids_plan(tmp_path):
     names = [n for n in os.listdir(os.path.join(ROOT, "configs", "grids")) if n.endswith(".py") and n[0] != "_"]
     assert len(names) >= 3
