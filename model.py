@@ -204,7 +204,7 @@ class Attention(nn.Module):
         if self.kind == "local":
             return y
         keys, values = cache.all_keys()
-        if not q.is_cuda:  # the CPU reads each global head's keys where they are (a gather would copy them)
+        if not decode_gathers(q):  # the CPU reads each global head's keys where they are (a gather copies them)
             for i, is_global in enumerate(hard.reshape(B * H).tolist()):
                 if is_global:
                     b, h = divmod(i, H)
@@ -216,6 +216,12 @@ class Attention(nn.Module):
         keys, values = (x.reshape(B * H, -1, D)[heads] for x in (keys, values))
         full = F.scaled_dot_product_attention(q.reshape(B * H, 1, D)[heads], keys, values)
         return y.reshape(B * H, 1, D).index_copy(0, heads, full).view(B, H, 1, D)
+
+
+def decode_gathers(q):
+    """Whether decode gathers the global heads' keys into one attention call (CUDA: one launch, no host sync
+    per head) rather than attending head by head where the keys lie (the CPU: no copy)."""
+    return q.is_cuda
 
 
 def routed_mode(config, force_global, generating=False):

@@ -251,9 +251,12 @@ def test_generate_with_and_without_kv_cache_gives_same_tokens(schedule, n_sink, 
 
 
 @pytest.mark.parametrize("schedule, n_sink", [("R", 0), ("R", 3), ("RL", 2)])
-def test_decode_reads_what_full_attention_reads_for_each_gate(schedule, n_sink):
+@pytest.mark.parametrize("gather", [False, True])
+def test_decode_reads_what_full_attention_reads_for_each_gate(schedule, n_sink, gather, monkeypatch):
     """Token by token with the cache, logits equal those of one forward over the whole sequence (the reference
-    backend's explicit masks), batch 3, each sequence and head with its own gates."""
+    backend's explicit masks), batch 3, each sequence and head with its own gates; both ways of reading the
+    global heads (head by head as on the CPU, gathered as on CUDA)."""
+    monkeypatch.setattr("model.decode_gathers", lambda q: gather)
     torch.manual_seed(0)
     cfg = small_config(schedule=schedule, n_sink=n_sink, router_init_std=2.0, n_layer=2, attention_backend="reference")
     model = GPT(cfg).eval()
