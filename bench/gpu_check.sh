@@ -2,8 +2,8 @@
 # On a CUDA machine, within 10 minutes: the Triton kernel tests compiled (no interpreter, bf16 included),
 # then the attention benchmark table. Everything goes to a record, results/<date>_gpu_check_<gpu name>/README.md.
 #   bash bench/gpu_check.sh            (PYTHON=... to pick the interpreter; default python3)
-# Time plan: tests <= 3 min, benchmark <= 5 min (it starts no new group after 4), 2 min left for the
-# end-to-end training comparison below.
+# Time plan: tests <= 3 min, attention benchmark <= 4 min (it starts no new group after 3.3), end-to-end
+# training <= 1.5 min, generation (prefill and decode, dense / local / routed 10%) <= 1.5 min.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -33,7 +33,7 @@ timeout 180 $PY -m pytest -q -rs tests/test_triton_attention.py 2>&1 | tail -n 4
 echo '```' >>"$report"
 
 echo >>"$report"
-timeout 300 $PY bench/attention.py --budget_s 240 --out "$table" || status=1
+timeout 240 $PY bench/attention.py --budget_s 200 --out "$table" || status=1
 cat "$table" >>"$report"
 rm -f "$table"
 
@@ -42,7 +42,15 @@ rm -f "$table"
     echo "## End to end: 12 layers, 768 wide, T=8192, w=256 (bench/train_speed.py)"
     echo
 } >>"$report"
-timeout 150 $PY bench/train_speed.py --steps 5 2>&1 | tee -a "$report" || status=1
+timeout 90 $PY bench/train_speed.py --steps 5 2>&1 | tee -a "$report" || status=1
+
+{
+    echo
+    echo "## Generation: 12 layers, 768 wide, window 256, 8K context (bench/generate.py)"
+    echo
+} >>"$report"
+timeout 90 $PY bench/generate.py --device cuda --n_layer 12 --n_head 12 --n_embd 768 --window 256 \
+    --contexts 8192 --batches 1 8 --new_tokens 64 --repeats 2 2>&1 | tee -a "$report" || status=1
 
 echo "wrote $report"
 exit $status
