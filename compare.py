@@ -72,7 +72,7 @@ def write_record(grid, jobs, rows, table, cfg, argv, elapsed):
         f.write(table)
     grid_module.save_rows(os.path.join(record, "rows.json"), grid, rows)
     shutil.copyfile(grid.path, os.path.join(record, os.path.basename(grid.path)))
-    plots.pareto(os.path.join(record, "pareto.png"), rows)
+    plots.pareto(os.path.join(record, "pareto.png"), rows, grid.references)
     by_name = {row.run: row for row in rows}
     plots.window(os.path.join(record, "window.png"),
                  [[(w, by_name[run]) for w, run in group] for group in window_groups(jobs)])
@@ -116,7 +116,7 @@ def write_summary(records, cfg, argv):
     os.makedirs(record, exist_ok=True)
     with open(os.path.join(record, "table.md"), "w") as f:
         f.write(table)
-    plots.pareto_panels(os.path.join(record, "pareto.png"), [(name, rows) for _, name, _, rows in grids])
+    plots.pareto_panels(os.path.join(record, "pareto.png"), [(name, rows, refs) for _, name, refs, rows in grids])
     sources = [f"- [{folder}](../{folder}/): grid {name}" for folder, name, _, _ in grids]
     lines = [f"# Summary {cfg.summary}", "", f"Date: {time.strftime('%Y-%m-%d')}. Written by compare.py from the "
              "records below (their rows.json); the runs, budgets and commands are in each record.", "",

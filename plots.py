@@ -39,24 +39,27 @@ def _error(stat):
 PARETO_TITLE = "squares fixed, triangles random, circles routed; lines: threshold sweeps"
 
 
-def pareto(path, rows):
+def pareto(path, rows, references=None):
     """Val loss against ideal attention FLOPs: every fixed schedule and random run a point with its seed range
-    as error bars, every routed run its threshold-sweep curves (one thin line per seed) and its trained point."""
+    as error bars, every routed run its threshold-sweep curves (one thin line per seed) and its trained point.
+    The loss axis ends a little above the worse of the references (local, dense): a run above it is named
+    in the legend with its loss, off the plot, so that it does not squash the runs that compete."""
     fig, ax = _axes(WIDE)
-    _pareto_points(ax, rows, {row.run: _color(i) for i, row in enumerate(rows)})
+    _pareto_points(ax, rows, {row.run: _color(i) for i, row in enumerate(rows)}, references)
     ax.set_title(f"loss against attention cost ({PARETO_TITLE})", fontsize=9)
     _legend_beside(ax)
     _save(fig, path)
 
 
 def pareto_panels(path, panels):
-    """pareto() for several grids side by side, one panel each (title, rows); a run has one colour in all."""
-    names = list(dict.fromkeys(row.run for _, rows in panels for row in rows))
+    """pareto() for several grids side by side, one panel each (title, rows, references); a run has one colour
+    in all."""
+    names = list(dict.fromkeys(row.run for _, rows, _ in panels for row in rows))
     colors = {name: _color(i) for i, name in enumerate(names)}
     fig = Figure(figsize=(4.2 * len(panels) + 2.0, 4.6))
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
-    for ax, (title, rows) in zip(axes, panels):
-        _pareto_points(ax, rows, colors)
+    for ax, (title, rows, references) in zip(axes, panels):
+        _pareto_points(ax, rows, colors, references)
         ax.set_title(title, fontsize=9)
     handles = {}
     for ax in axes:
@@ -68,12 +71,27 @@ def pareto_panels(path, panels):
     fig.savefig(path, dpi=DPI)
 
 
-def _pareto_points(ax, rows, colors):
+def _loss_ceiling(rows, references):
+    """Top of the loss axis: the worse reference plus a quarter of the span down to the best run; None (let
+    matplotlib choose) without references."""
+    by_name = {row.run: row.stat("val_loss") for row in rows}
+    refs = [by_name[name][0] for name in (references or {}).values() if by_name.get(name)]
+    losses = [s[0] for s in by_name.values() if s]
+    if not refs:
+        return None
+    return max(refs) + 0.25 * (max(refs) - min(losses))
+
+
+def _pareto_points(ax, rows, colors, references=None):
+    ceiling = _loss_ceiling(rows, references)
     for row in rows:
         loss, flops = row.stat("val_loss"), row.stat("flops_ideal")
         if loss is None or flops is None:
             continue
         color = colors[row.run]
+        if ceiling is not None and loss[0] > ceiling:
+            ax.plot([], [], MARKERS[row.kind], color=color, ms=5, label=f"{row.run} ({loss[0]:.3f}, off the plot)")
+            continue
         if row.kind == "routed":
             for result in row.results:
                 sweep = sorted((p["attention_flop_frac_ideal"], p["val_loss"]) for p in result["sweep"])
@@ -81,6 +99,8 @@ def _pareto_points(ax, rows, colors):
                     ax.plot(*zip(*sweep), color=color, lw=0.7, alpha=0.6)
         ax.errorbar([flops[0]], [loss[0]], yerr=_error(loss), xerr=_error(flops), fmt=MARKERS[row.kind],
                     color=color, ms=5, capsize=2, label=row.run)
+    if ceiling is not None:
+        ax.set_ylim(top=ceiling)
     ax.xaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
     ax.set_xlabel("attention FLOPs vs dense (ideal)")
     ax.set_ylabel("val loss")

@@ -171,7 +171,10 @@ def test_plots_are_small_pngs_drawn_from_the_rows(tmp_path):
     wide = Row("routed_w64", "routed", "RLR", [1], [result(1, 2.05, global_frac=0.2)])
     rows = [Row("local", "fixed", "LLL", [1], [result(1, 2.3)]), routed, wide,
             Row("lost", "fixed", "G", [1], [result(1, None)])]
-    plots.pareto(tmp_path / "pareto.png", rows)
+    plots.pareto(tmp_path / "pareto.png", rows, {"local": "local", "dense": "lost"})
+    # the loss axis ends a quarter of the span (best 2.05 .. local 2.3) above the reference: 2.3625
+    assert plots._loss_ceiling(rows, {"local": "local", "dense": "lost"}) == pytest.approx(2.3625)
+    assert plots._loss_ceiling(rows, {}) is None
     plots.window(tmp_path / "window.png", [[(32, routed), (64, wide)]])
     plots.heatmap(tmp_path / "heatmap.png", "routed seed 1", per_head, "RLR")
     plots.val_curves(tmp_path / "curves.png", [(row.run, row.results[0]["val_history"]) for row in rows])
