@@ -13,9 +13,10 @@ steps), 6 layers x 4 heads x 64 wide: early training only. The 50,304-way output
 of every step, so all rows train at nearly one speed and halving the width saves only a third. Training speed of
 one run, one thread, measured on the 2-core CPU as CPU seconds per step over steps 3-12 of short runs (the speed
 of a run with a core to itself, see stdlib_bytes.py): routed (exact) 3.38 s per step of 2048 tokens (610
-tokens/s; 128 wide: dense 5.45 s, routed 5.29 s). So about 2.1 h of training and 0.3 h of evaluation (32
-windows, the threshold sweep for learned routers) with --jobs=2 on an otherwise idle machine. The steps are _N
-below: change it to trade time for tokens.
+tokens/s; 128 wide: dense 5.45 s, routed 5.29 s). From that, 2.1 h of training with --jobs=2; stdlib_bytes.py
+took 1.45x its estimate made the same way (two runs share the machine's memory bandwidth), so expect about 3.5 h
+of wall time, more than one working session: the runner resumes where it was stopped. The steps are _N below:
+change it to trade time for tokens.
 
     python data/python_stdlib/prepare.py --encoding=gpt2 --out_dir=data/python_stdlib_gpt2
     python compare.py configs/grids/stdlib_bpe.py --jobs=2

@@ -13,9 +13,10 @@ routed steps), 6 layers x 4 heads x 64 wide. Training speed of one run, one thre
 as CPU seconds per step over steps 3-12 of short runs: dense 1.37 s, routed (exact) 1.63 s, local 0.58 s per
 step of 4096 tokens (2,990, 2,510 and 7,060 tokens/s; 128 wide: 2.81, 3.19 and 1.42 s). That is the speed of a
 run with a core to itself: two 128-wide dense runs side by side, sharing the CPU with two other jobs, trained at
-717 tokens/s each, half of the 1,460 the measurement gives. So about 2.0 h of training and 0.25 h of evaluation
-(64 windows, the threshold sweep for learned routers) with --jobs=2 on an otherwise idle machine. The steps are
-_N below: change it to trade time for tokens.
+717 tokens/s each, half of the 1,460 the measurement gives. Measured on the whole grid (record
+2026-12-01_stdlib_bytes): 5.8 process-hours of training and 0.5 of evaluation (64 windows, the threshold sweep
+for learned routers), 3.2 h of wall time with --jobs=2 on an otherwise idle machine. The steps are _N below:
+change it to trade time for tokens.
 
     python data/python_stdlib/prepare.py
     python compare.py configs/grids/stdlib_bytes.py --jobs=2
