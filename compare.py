@@ -5,7 +5,8 @@
 
 Trains every run of the grid file at every seed as train.py would (one process each, one thread each, --jobs
 at a time; each writes OUT/NAME/RUN__seed_S/train.log and TensorBoard events), skips complete runs, resumes
-interrupted ones, evaluates each checkpoint with evaluate.py, and writes the record RECORD_DIR/<date>_NAME/:
+interrupted ones, evaluates each checkpoint with evaluate.py, and writes the record RECORD_DIR/<date>_NAME/
+(a record is written once: if that folder exists, <date>_NAME_2/ and so on):
 README.md (question, command, budget, table, final log lines), table.md, rows.json (every number of the table
 and the plots, per seed), the grid file and the plots.
 --dry_run prints the plan: each run's command and whether it will be trained, resumed or skipped.
@@ -64,10 +65,21 @@ def budget_lines(grid, jobs, cfg, elapsed):
             f"(OMP_NUM_THREADS=1); Python {platform.python_version()}."]
 
 
+def new_record_dir(record_dir, name):
+    """RECORD_DIR/<date>_NAME, or <date>_NAME_2, _3, ... when that exists: a record is written once, so a
+    second run of a finished grid (more rows, more seeds) makes a new record beside the old one."""
+    base = os.path.join(record_dir, f"{time.strftime('%Y-%m-%d')}_{name}")
+    path, n = base, 1
+    while os.path.exists(path):
+        n += 1
+        path = f"{base}_{n}"
+    os.makedirs(path)
+    return path
+
+
 def write_record(grid, jobs, rows, table, cfg, argv, elapsed):
     """RECORD_DIR/<date>_<grid>/ with README.md, table.md, the grid file and the plots; returns its path."""
-    record = os.path.join(cfg.record_dir, f"{time.strftime('%Y-%m-%d')}_{grid.name}")
-    os.makedirs(record, exist_ok=True)
+    record = new_record_dir(cfg.record_dir, grid.name)
     with open(os.path.join(record, "table.md"), "w") as f:
         f.write(table)
     grid_module.save_rows(os.path.join(record, "rows.json"), grid, rows)
@@ -112,8 +124,7 @@ def write_summary(records, cfg, argv):
     panel per record); returns its path."""
     grids = [(os.path.basename(os.path.normpath(path)), *load_rows(path)) for path in records]
     table = summary_table([(name, rows, references) for _, name, references, rows in grids])
-    record = os.path.join(cfg.record_dir, f"{time.strftime('%Y-%m-%d')}_{cfg.summary}")
-    os.makedirs(record, exist_ok=True)
+    record = new_record_dir(cfg.record_dir, cfg.summary)
     with open(os.path.join(record, "table.md"), "w") as f:
         f.write(table)
     plots.pareto_panels(os.path.join(record, "pareto.png"), [(name, rows, refs) for _, name, refs, rows in grids])

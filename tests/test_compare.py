@@ -261,6 +261,7 @@ def test_grid_runs_skips_what_is_complete_resumes_what_is_not_and_writes_the_rec
     write_grid(tmp_path / "two.py", runs, {**TINY, "data_dir": str(tiny_corpus)}, extra=evaluate)
     log_size = os.path.getsize(os.path.join(jobs["routed"].out_dir, "train.log"))
     assert compare.main(argv) == 0
+    assert sorted(os.listdir(records)) == [record, record + "_2"]  # a record is written once: the new one beside it
     assert os.path.getmtime(os.path.join(jobs["local"].out_dir, "train.log")) == logs["local"]
     assert len(grid.launches(jobs["local"].out_dir)) == 2  # nothing launched for the complete run
     resumed = grid.launches(jobs["routed"].out_dir)[2:]

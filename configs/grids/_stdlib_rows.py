@@ -31,6 +31,7 @@ def comparison_runs(steps, core_seeds):
         "finetuned_routers": {"schedule": "R", "init_from": "run:dense_half", "max_iters": half,
                               "trainable": "router"},
         "routed_w16": {"schedule": "R", "window": 16},
+        "local_w16": {"schedule": "L", "window": 16},  # is routed_w16's gain the window's or the routing's?
         "routed_w64": {"schedule": "R", "window": 64},
         "routed_w128": {"schedule": "R", "window": 128},
     }
