@@ -23,6 +23,9 @@ def comparison_runs(steps, core_seeds):
                            "seeds": core_seeds},
         "routed_at_LG": {"schedule": "R", "router_target_global": 0.5},
         "routed_at_LLLG": {"schedule": "R", "router_target_global": 1 / 6, "seeds": core_seeds},
+        # the shared target lets the last layers close (stdlib_bytes: 0% from layer 3 on); does holding every
+        # layer at 1/6 do better at the same cost?
+        "routed_at_LLLG_per_layer": {"schedule": "R", "router_target_global": 1 / 6, "router_target_per_layer": True},
         "routed_sparse": {"schedule": "R", "routed_mode": "sparse", "sparse_from_iter": half, "p_dense": 0.1},
         "routed_sparse_target": {"schedule": "R", "routed_mode": "sparse", "sparse_from_iter": half,
                                  "p_dense": 0.1, "router_target_global": 1 / 6, "router_target_per_layer": True},

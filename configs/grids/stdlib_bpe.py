@@ -8,7 +8,7 @@ routing matched to it layer by layer? Does the need for global attention fall as
 (everything trains / only the routers train)? What does sparse-mode training (exact first, then sparse; alone and
 with a per-layer budget) cost in loss and save in compute? The rows are in _stdlib_rows.py.
 
-Budget: 20 runs, 46 trainings of 100 steps x 4 x 512 tokens (0.2M tokens each; fine-tuning 50 dense + 50 routed
+Budget: 21 runs, 48 trainings of 100 steps x 4 x 512 tokens (0.2M tokens each; fine-tuning 50 dense + 50 routed
 steps), 6 layers x 4 heads x 64 wide: early training only. The 50,304-way output layer and its softmax cost most
 of every step, so all rows train at nearly one speed and halving the width saves only a third. Training speed of
 one run, one thread, measured on the 2-core CPU as CPU seconds per step over steps 3-12 of short runs (the speed

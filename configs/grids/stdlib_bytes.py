@@ -8,7 +8,7 @@ routing matched to it layer by layer? Does the need for global attention fall as
 (everything trains / only the routers train)? What does sparse-mode training (exact first, then sparse; alone and
 with a per-layer budget) cost in loss and save in compute? The rows are in _stdlib_rows.py.
 
-Budget: 20 runs, 46 trainings of 250 steps x 4 x 1024 tokens (1.0M tokens each; fine-tuning 125 dense + 125
+Budget: 21 runs, 48 trainings of 250 steps x 4 x 1024 tokens (1.0M tokens each; fine-tuning 125 dense + 125
 routed steps), 6 layers x 4 heads x 64 wide. Training speed of one run, one thread, measured on the 2-core CPU
 as CPU seconds per step over steps 3-12 of short runs: dense 1.37 s, routed (exact) 1.63 s, local 0.58 s per
 step of 4096 tokens (2,990, 2,510 and 7,060 tokens/s; 128 wide: 2.81, 3.19 and 1.42 s). That is the speed of a
