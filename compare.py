@@ -77,6 +77,22 @@ def new_record_dir(record_dir, name):
     return path
 
 
+def val_curves(jobs, rows):
+    """(label, [[step, loss], ...]) of each row's first seed; a run that starts from another run's checkpoint
+    is drawn after that run's steps, so that every curve's step axis counts all the steps behind it."""
+    checkpoints = {os.path.join(job.out_dir, "ckpt.pt"): job for job in jobs}
+    first = {}
+    for job in jobs:
+        first.setdefault(job.run, job)
+    curves = []
+    for row in rows:
+        source = checkpoints.get(first[row.run].tcfg.init_from)
+        offset = source.tcfg.max_iters if source else 0
+        label = f"{row.run} (after {source.run})" if source else row.run
+        curves.append((label, [[step + offset, loss] for step, loss in row.results[0]["val_history"]]))
+    return curves
+
+
 def write_record(grid, jobs, rows, table, cfg, argv, elapsed):
     """RECORD_DIR/<date>_<grid>/ with README.md, table.md, the grid file and the plots; returns its path."""
     record = new_record_dir(cfg.record_dir, grid.name)
@@ -88,8 +104,7 @@ def write_record(grid, jobs, rows, table, cfg, argv, elapsed):
     by_name = {row.run: row for row in rows}
     plots.window(os.path.join(record, "window.png"),
                  [[(w, by_name[run]) for w, run in group] for group in window_groups(jobs)])
-    plots.val_curves(os.path.join(record, "val_curves.png"),
-                     [(row.run, row.results[0]["val_history"]) for row in rows])
+    plots.val_curves(os.path.join(record, "val_curves.png"), val_curves(jobs, rows))
     heatmaps = []
     for row in rows:
         first = row.results[0]

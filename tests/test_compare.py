@@ -214,6 +214,17 @@ def test_a_summary_puts_records_side_by_side_from_their_rows_json(tmp_path, caps
         compare.main(["--summary=again", str(tmp_path), f"--record_dir={out}"])
 
 
+def test_val_curves_of_a_fine_tuned_run_start_after_the_run_it_starts_from():
+    from types import SimpleNamespace as NS
+    jobs = [NS(run="dense_half", out_dir="out/g/dense_half__seed_1", tcfg=NS(init_from="scratch", max_iters=50)),
+            NS(run="finetuned", out_dir="out/g/finetuned__seed_1",
+               tcfg=NS(init_from="out/g/dense_half__seed_1/ckpt.pt", max_iters=50))]
+    rows = [Row("dense_half", "fixed", "G", [1], [result(1, 2.5, val_history=[[0, 5.0], [50, 2.5]])]),
+            Row("finetuned", "routed", "R", [1], [result(1, 2.2, val_history=[[0, 2.5], [25, 2.3], [50, 2.2]])])]
+    assert compare.val_curves(jobs, rows) == [("dense_half", [[0, 5.0], [50, 2.5]]),
+                                              ("finetuned (after dense_half)", [[50, 2.5], [75, 2.3], [100, 2.2]])]
+
+
 def test_the_committed_grids_plan(tmp_path):
     names = [n for n in os.listdir(os.path.join(ROOT, "configs", "grids")) if n.endswith(".py") and n[0] != "_"]
     assert len(names) >= 3
