@@ -448,7 +448,14 @@ def launch(job, step, argv, log_name):
     return code
 
 
-def execute(job, grid, out_root, log=print):
+def log_line(line):
+    """One progress line, written whole: jobs log from several threads, and print() writes the text and the
+    newline apart, so two lines could run together."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def execute(job, grid, out_root, log=log_line):
     """Train (or resume, or skip) and evaluate one job. Returns 'ok' or what went wrong."""
     state = train_state(job, grid, out_root)
     if state != "skip":
@@ -473,7 +480,7 @@ def execute(job, grid, out_root, log=print):
     return "ok"
 
 
-def run_jobs(jobs, grid, out_root, n_jobs=1, log=print):
+def run_jobs(jobs, grid, out_root, n_jobs=1, log=log_line):
     """Every job, at most n_jobs at a time, each once its dependencies are done. Returns {(run, seed): status}:
     'ok', 'failed: ...' or 'blocked: ...' (a dependency failed)."""
     status, pending, running = {}, list(jobs), {}
