@@ -136,7 +136,7 @@ def write_record(grid, jobs, rows, table, cfg, argv, elapsed):
 
 def write_summary(records, cfg, argv):
     """RECORD_DIR/<date>_NAME/: the records' rows in one table (grid.summary_table) and one plot (one Pareto
-    panel per record); returns its path."""
+    panel per record); returns its path and the table."""
     grids = [(os.path.basename(os.path.normpath(path)), *load_rows(path)) for path in records]
     table = summary_table([(name, rows, references) for _, name, references, rows in grids])
     record = new_record_dir(cfg.record_dir, cfg.summary)
@@ -151,7 +151,7 @@ def write_summary(records, cfg, argv):
              "![val loss against attention FLOPs, one panel per grid](pareto.png)", ""]
     with open(os.path.join(record, "README.md"), "w") as f:
         f.write("\n".join(lines))
-    return record
+    return record, table
 
 
 def stop_grid(signum, frame):
@@ -169,10 +169,10 @@ def main(argv):
         if not paths:
             sys.exit("--summary=NAME: name the record folders to put side by side (results/<date>_<grid> ...)")
         try:
-            record = write_summary(paths, cfg, argv)
+            record, table = write_summary(paths, cfg, argv)
         except GridError as e:
             sys.exit(f"error: {e}")
-        print(open(os.path.join(record, "table.md")).read())
+        print(table)
         print(f"summary: {record}")
         return 0
     if len(paths) != 1:

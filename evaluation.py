@@ -109,7 +109,6 @@ def evaluate_loss(model, batches, autocast=None, force_global=False):
             n = int((y != -1).sum())
             loss_sum, scored = loss_sum + out.lm_loss.item() * n, scored + n
             stats.append(routing_stats(out, model.config, mode=model.config.routed_mode))
-            stats[-1]["model_inference_flop_frac"] = routing_stats(out, model.config)["model_computed_flop_frac"]
     model.train(training)
     return loss_sum / scored if scored else math.nan, mean_stats(stats)
 

@@ -40,7 +40,8 @@ def training_flops_per_token(config, n_params, computed_flop_frac):
 @torch.no_grad()
 def routing_stats(output, config, mode=None):
     """Routing statistics of one forward pass (a model.GPTOutput); `mode` is the routed mode whose cost
-    'computed' counts (default: the mode the pass ran in).
+    'computed' counts (default: the mode the pass ran in); given, 'model_inference_flop_frac' is what the pass
+    itself computed.
 
     Per layer and head (n_layer, H): 'global_frac', the fraction of tokens whose head attended globally (1 for
     dense layers, 0 for local); 'mean_p', the mean router probability (nan without a learned router). Per
@@ -51,25 +52,27 @@ def routing_stats(output, config, mode=None):
     T, H, device = output.seq_len, config.n_head, output.logits.device
     dense_keys = keys_read("dense", T, config.window, config.n_sink, device).float()
     local_keys = keys_read("local", T, config.window, config.n_sink, device).float()
-    mode = mode or output.routed_mode
-    global_frac, mean_p, ideal, computed = [], [], [], []
+    modes = [mode or output.routed_mode, output.routed_mode]  # the counted mode, the mode that ran
+    global_frac, mean_p, ideal, computed, ran = [], [], [], [], []
     for kind, hard, p in zip(config.kinds, output.gates, output.probs):
         if kind == "routed":
             g = hard.float()  # (B, H, T)
             frac = g.mean(dim=(0, 2))
             ideal_keys = (g * dense_keys + (1 - g) * local_keys).mean(dim=(0, 1)).sum()
-            full_keys = dense_keys if mode == "exact" else g.mean(dim=(0, 1)) * dense_keys
-            computed_keys = (local_keys + full_keys).sum()
+            full_keys = {"exact": dense_keys, "sparse": g.mean(dim=(0, 1)) * dense_keys}
+            computed_keys, ran_keys = ((local_keys + full_keys[m]).sum() for m in modes)
         else:
             frac = torch.full((H,), 1.0 if kind == "dense" else 0.0, device=device)
-            ideal_keys = computed_keys = (dense_keys if kind == "dense" else local_keys).sum()
+            ideal_keys = computed_keys = ran_keys = (dense_keys if kind == "dense" else local_keys).sum()
         global_frac.append(frac)
         mean_p.append(p.float().mean(dim=(0, 2)) if p is not None else torch.full((H,), math.nan, device=device))
         ideal.append(ideal_keys / dense_keys.sum())
         computed.append(computed_keys / dense_keys.sum())
+        ran.append(ran_keys / dense_keys.sum())
     global_frac, mean_p = torch.stack(global_frac), torch.stack(mean_p)
     ideal, computed = torch.stack(ideal), torch.stack(computed)
     routed = torch.tensor([k == "routed" for k in config.kinds], device=device)
+    inference = {} if mode is None else {"model_inference_flop_frac": torch.stack(ran).mean()}
     return {
         "global_frac": global_frac,
         "mean_p": mean_p,
@@ -78,6 +81,7 @@ def routing_stats(output, config, mode=None):
         "routed_global_frac": global_frac[routed].mean() if routed.any() else torch.tensor(math.nan),
         "model_ideal_flop_frac": ideal.mean(),
         "model_computed_flop_frac": computed.mean(),
+        **inference,
     }
 
 

@@ -195,6 +195,8 @@ def test_without_a_gradient_routed_layers_run_sparse_and_compute_what_exact_comp
     as_run, as_trained = routing_stats(evaluated, cfg), routing_stats(evaluated, cfg, mode="exact")
     torch.testing.assert_close(as_trained["computed_flop_frac"], routing_stats(trained, cfg)["computed_flop_frac"])
     assert as_run["model_computed_flop_frac"] < as_trained["model_computed_flop_frac"]
+    torch.testing.assert_close(as_trained["model_inference_flop_frac"], as_run["model_computed_flop_frac"])
+    assert "model_inference_flop_frac" not in as_run
     torch.testing.assert_close(as_run["ideal_flop_frac"], as_trained["ideal_flop_frac"])
 
 
