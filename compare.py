@@ -191,9 +191,12 @@ def main(argv):
         for job in jobs:
             train_state(job, grid, cfg.out)  # refuses run folders trained with another command, before any run
         started = time.time()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, stop_grid)
-        status = run_jobs(jobs, grid, cfg.out, cfg.jobs)
+        previous = {sig: signal.signal(sig, stop_grid) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            status = run_jobs(jobs, grid, cfg.out, cfg.jobs)
+        finally:  # a caller in this process (a test, a notebook) keeps its own handlers afterwards
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
     except GridError as e:
         sys.exit(f"grid error: {e}")
     if grid_module.stop_requested.is_set():

@@ -17,6 +17,7 @@ import itertools
 import json
 import multiprocessing
 import os
+import signal
 import sys
 import urllib.request
 from collections import deque
@@ -127,6 +128,10 @@ _worker_encoder = None
 
 
 def _start_worker(encoding, chars):
+    # a forked worker inherits the parent's Python signal handlers: one that only sets a flag (train.py's,
+    # compare.py's) would make it survive the SIGTERM by which the pool ends it, and the pool wait forever
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     global _worker_encoder
     _worker_encoder = Encoder(encoding, chars)
 

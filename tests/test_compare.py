@@ -271,7 +271,10 @@ def test_grid_runs_skips_what_is_complete_resumes_what_is_not_and_writes_the_rec
     runs["routed"]["max_iters"] = 9  # the grid asks for more: routed resumes from its step-6 checkpoint
     write_grid(tmp_path / "two.py", runs, {**TINY, "data_dir": str(tiny_corpus)}, extra=evaluate)
     log_size = os.path.getsize(os.path.join(jobs["routed"].out_dir, "train.log"))
+    handlers = [signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)]
     assert compare.main(argv) == 0
+    # the grid's stop handler is gone afterwards (left installed, it made later forked workers ignore SIGTERM)
+    assert [signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)] == handlers
     assert sorted(os.listdir(records)) == [record, record + "_2"]  # a record is written once: the new one beside it
     assert os.path.getmtime(os.path.join(jobs["local"].out_dir, "train.log")) == logs["local"]
     assert len(grid.launches(jobs["local"].out_dir)) == 2  # nothing launched for the complete run

@@ -1,5 +1,6 @@
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections import Counter
@@ -150,6 +151,31 @@ def test_parallel_encoding_writes_the_same_files(tmp_path, monkeypatch, encoding
         prepare_files([source], str(tmp_path / name), encoding=encoding, num_proc=num_proc, progress=False)
     for file in ("train.bin", "val.bin", "meta.json"):
         assert (tmp_path / "serial" / file).read_bytes() == (tmp_path / "parallel" / file).read_bytes()
+
+
+def test_encoding_workers_end_on_sigterm_whatever_handler_the_parent_installed(tmp_path):
+    # the pool ends its workers with SIGTERM; a forked worker that kept a parent's flag-only handler (train.py's,
+    # compare.py's) survived it, and the pool waited for it forever (CI hung in this file after test_compare)
+    handlers = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        data.prepare._start_worker("bytes", None)
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    source = write_jsonl(tmp_path / "docs.jsonl", [f"text {i} " * 20 for i in range(200)])
+    script = ("import signal, sys; signal.signal(signal.SIGTERM, lambda *_: None); import data.prepare as p; "
+              "p.CHUNK_CHARS = 500; p.prepare_files([sys.argv[1]], sys.argv[2], encoding='bytes', num_proc=2, "
+              "progress=False)")
+    for attempt in range(3):  # the hang needed a worker waiting on the queue's lock when the pool ended: 1 in ~6
+        proc = subprocess.Popen([sys.executable, "-c", script, str(source), str(tmp_path / f"out{attempt}")],
+                                cwd=ROOT, start_new_session=True)
+        try:
+            assert proc.wait(timeout=60) == 0
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            pytest.fail("the encoding pool hung on ending its workers")
 
 
 def test_rerun_replaces_the_output_and_max_tokens_stops_early(tmp_path):
