@@ -109,15 +109,19 @@ class GPTOutput:
 
 
 def rotary_tables(head_dim, length, base):
+    """(cos, sin), each (length, head_dim): cos of each pair's angle twice, sin negated for the first half,
+    so that apply_rotary is four elementwise ops (decoding one token is bound by the number of ops)."""
     inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2).float() / head_dim)
     angles = torch.outer(torch.arange(length).float(), inv_freq)
-    return angles.cos(), angles.sin()
+    cos, sin = angles.cos(), angles.sin()
+    return torch.cat([cos, cos], -1), torch.cat([-sin, sin], -1)
 
 
 def apply_rotary(x, cos, sin):
-    """x: (..., T, D); cos, sin: (T, D/2). Rotates pairs (x[..., :D/2], x[..., D/2:])."""
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).to(x.dtype)
+    """x: (..., T, D); cos, sin: (T, D) from rotary_tables. Rotates pairs (x1, x2) = (x[..., :D/2], x[..., D/2:])
+    to (x1 cos - x2 sin, x2 cos + x1 sin); rolling x by D/2 puts x2 beside x1 and x1 beside x2."""
+    xf = x.float()
+    return (xf * cos + xf.roll(x.shape[-1] // 2, -1) * sin).to(x.dtype)
 
 
 class Router(nn.Module):
@@ -142,7 +146,8 @@ class Router(nn.Module):
             hard = hard | (torch.rand_like(p) < self.config.router_explore)
         if force_global:
             hard = torch.ones_like(hard)
-        return hard, hard.to(p.dtype) + (p - p.detach()), p
+        gate = hard.to(p.dtype)
+        return hard, gate + (p - p.detach()) if torch.is_grad_enabled() else gate, p  # no gradient: no STE ops
 
 
 class Attention(nn.Module):
@@ -203,16 +208,17 @@ class Attention(nn.Module):
         y = F.scaled_dot_product_attention(q, *cache.window_keys())
         if self.kind == "local":
             return y
-        keys, values = cache.all_keys()
         if not decode_gathers(q):  # the CPU reads each global head's keys where they are (a gather copies them)
-            for i, is_global in enumerate(hard.reshape(B * H).tolist()):
-                if is_global:  # 4-D slices: SDPA's fused CPU kernel (2-D ones take a path ~3x slower at 8K keys)
-                    b, h = divmod(i, H)
-                    one = slice(b, b + 1), slice(h, h + 1)
-                    y[one] = F.scaled_dot_product_attention(q[one], keys[one], values[one])
+            heads = [i for i, is_global in enumerate(hard.reshape(B * H).tolist()) if is_global]
+            keys, values = cache.all_keys() if heads else (None, None)
+            for i in heads:  # 4-D slices: SDPA's fused CPU kernel (2-D ones take a path ~3x slower at 8K keys)
+                b, h = divmod(i, H)
+                one = slice(b, b + 1), slice(h, h + 1)
+                y[one] = F.scaled_dot_product_attention(q[one], keys[one], values[one])
             return y
         if not hard.any():
             return y
+        keys, values = cache.all_keys()
         heads = hard.reshape(B * H).nonzero().squeeze(1)  # the (batch, head) pairs that went global
         keys, values = (x.reshape(B * H, -1, D)[heads] for x in (keys, values))
         full = F.scaled_dot_product_attention(q.reshape(B * H, 1, D)[heads], keys, values)
@@ -314,14 +320,13 @@ class KVCache:
         n_early = min(max(0, self.length - self.window), self.n_sink)  # sinks that left the window
         if self.local:
             keys, values = self.k[:, :, :min(self.length, self.slots)], self.v[:, :, :min(self.length, self.slots)]
-            sinks = self.sink_k[:, :, :n_early], self.sink_v[:, :, :n_early]
         else:
             first = max(0, self.length - self.window)
             keys, values = self.k[:, :, first:self.length], self.v[:, :, first:self.length]
-            sinks = self.k[:, :, :n_early], self.v[:, :, :n_early]
         if n_early == 0:
             return keys, values
-        return torch.cat([sinks[0], keys], 2), torch.cat([sinks[1], values], 2)
+        sink_k, sink_v = (self.sink_k, self.sink_v) if self.local else (self.k, self.v)
+        return torch.cat([sink_k[:, :, :n_early], keys], 2), torch.cat([sink_v[:, :, :n_early], values], 2)
 
     def positions(self):
         """The positions held, sorted: the sinks kept apart (local layers), then the buffer's."""

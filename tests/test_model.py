@@ -3,7 +3,7 @@ import torch
 
 from checkpoint import load_model_state
 from kernels.attention import attention
-from model import GPT, GPTConfig, Router
+from model import GPT, GPTConfig, Router, apply_rotary, rotary_tables
 from pruning import prune_checkpoint
 from routing_stats import global_heads_per_token, keys_read, routing_stats
 
@@ -323,3 +323,23 @@ def test_router_budget_applies_per_layer():
     torch.testing.assert_close(out.loss - out.lm_loss, (p1 - 0.1) / 2)
     out = model(x, x, penalty_weight=1.0, router_budget=0.8)
     torch.testing.assert_close(out.loss, out.lm_loss)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotary_rotates_each_pair_by_its_position_angle(dtype):
+    # the tables fold the sign and the duplicate cos in (four ops per call): check against the rotation itself
+    head_dim, length, base = 16, 40, 10000.0
+    cos, sin = rotary_tables(head_dim, length, base)
+    assert cos.shape == sin.shape == (length, head_dim)
+    x = torch.randn(2, 3, length, head_dim).to(dtype)
+    half = head_dim // 2
+    angle = torch.arange(length).float()[:, None] / base ** (torch.arange(half).float() * 2 / head_dim)
+    x1, x2 = x.float()[..., :half], x.float()[..., half:]
+    expected = torch.cat([x1 * angle.cos() - x2 * angle.sin(), x2 * angle.cos() + x1 * angle.sin()], -1)
+    torch.testing.assert_close(apply_rotary(x, cos, sin), expected.to(dtype))
+    assert apply_rotary(x, cos, sin).dtype == dtype
+    # position 0 is the identity; a rotation keeps each pair's length
+    torch.testing.assert_close(apply_rotary(x, cos, sin)[..., 0, :], x[..., 0, :])
+    norms = lambda y: y.float()[..., :half] ** 2 + y.float()[..., half:] ** 2
+    tol = {"rtol": 2e-2, "atol": 2e-2} if dtype == torch.bfloat16 else {}
+    torch.testing.assert_close(norms(apply_rotary(x, cos, sin)), norms(x), **tol)
