@@ -132,7 +132,9 @@ class Router(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.config = config
-        self.logits = nn.Linear(config.n_embd, config.n_head, bias=True)
+        # built without drawing from the RNG (reset_parameters sets it): a model with routers then gets, seed for
+        # seed, the backbone init of the same model without them, so a grid's rows differ in routing, not in init
+        self.logits = nn.utils.skip_init(nn.Linear, config.n_embd, config.n_head, bias=True)
 
     def reset_parameters(self):
         nn.init.normal_(self.logits.weight, std=self.config.router_init_std) if self.config.router_init_std \
@@ -349,13 +351,17 @@ class GPT(nn.Module):
         cos, sin = rotary_tables(config.n_embd // config.n_head, config.block_size, config.rope_base)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
-        self.apply(self._init_weights)
+        routers = [block.attn.router for block in self.blocks if block.attn.router is not None]
+        router_modules = {module for router in routers for module in router.modules()}
+        for module in self.modules():
+            if module not in router_modules:
+                self._init_weights(module)
         for name, p in self.named_parameters():
             if name.endswith("proj.weight"):  # GPT-2: scale the residual projections
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
-        for block in self.blocks:
-            if block.attn.router is not None:
-                block.attn.router.reset_parameters()
+        with torch.random.fork_rng(devices=[]):  # the routers' draws leave the RNG as a router-less init does
+            for router in routers:
+                router.reset_parameters()
 
     @staticmethod
     def _init_weights(module):

@@ -126,6 +126,26 @@ def test_force_global_overrides_router_but_keeps_its_gradient():
     assert model.blocks[0].attn.router.logits.bias.grad.abs().sum() > 0
 
 
+def test_a_seed_gives_routed_and_router_less_models_the_same_backbone_and_rng():
+    """Routers must not shift the backbone init: at one seed, every weight a local, dense, LLLG or
+    random-routing model has equals the learned-routing model's, and the RNG is left in the same state."""
+    def build(**overrides):
+        torch.manual_seed(7)
+        model = GPT(small_config(n_layer=3, **overrides))
+        return model, torch.rand(4)
+    reference, reference_rng = build(schedule="L")
+    routed, routed_rng = build(schedule="R", router_init_std=0.5)
+    for model, rng in [build(schedule="G"), build(schedule="LLG"), (routed, routed_rng),
+                       build(schedule="R", routing="random")]:
+        shared = {k: v for k, v in model.state_dict().items() if "router" not in k}
+        assert shared.keys() == reference.state_dict().keys()
+        assert all(torch.equal(v, reference.state_dict()[k]) for k, v in shared.items())
+        assert torch.equal(rng, reference_rng)
+    # the routers themselves are drawn (std 0.5), one draw per layer, not one copied
+    w = [block.attn.router.logits.weight for block in routed.blocks]
+    assert w[0].std() > 0.3 and not torch.equal(w[0], w[1])
+
+
 def test_random_routing_is_content_free_with_rate_q():
     torch.manual_seed(0)
     model = GPT(small_config(schedule="R", routing="random", random_global_q=0.25))
