@@ -212,7 +212,9 @@ class Attention(nn.Module):
             return y
         if not decode_gathers(q):  # the CPU reads each global head's keys where they are (a gather copies them)
             heads = [i for i, is_global in enumerate(hard.reshape(B * H).tolist()) if is_global]
-            keys, values = cache.all_keys() if heads else (None, None)
+            if not heads:
+                return y
+            keys, values = cache.all_keys()
             for i in heads:  # 4-D slices: SDPA's fused CPU kernel (2-D ones take a path ~3x slower at 8K keys)
                 b, h = divmod(i, H)
                 one = slice(b, b + 1), slice(h, h + 1)

@@ -37,6 +37,13 @@ def training_flops_per_token(config, n_params, computed_flop_frac):
     return 6 * (n_params - positions) + attention_dense * float(computed_flop_frac)
 
 
+def routed_keys_computed(gate, mode, dense_keys, local_keys):
+    """Keys a routed layer's kernels read, summed over query positions: the window for every head, plus the
+    full causal row for every query ('exact') or for the global ones only ('sparse'). gate: (B, H, T)."""
+    full = dense_keys if mode == "exact" else gate.mean(dim=(0, 1)) * dense_keys
+    return (local_keys + full).sum()
+
+
 @torch.no_grad()
 def routing_stats(output, config, mode=None):
     """Routing statistics of one forward pass (a model.GPTOutput); `mode` is the routed mode whose cost
@@ -52,15 +59,16 @@ def routing_stats(output, config, mode=None):
     T, H, device = output.seq_len, config.n_head, output.logits.device
     dense_keys = keys_read("dense", T, config.window, config.n_sink, device).float()
     local_keys = keys_read("local", T, config.window, config.n_sink, device).float()
-    modes = [mode or output.routed_mode, output.routed_mode]  # the counted mode, the mode that ran
+    counted = mode or output.routed_mode
     global_frac, mean_p, ideal, computed, ran = [], [], [], [], []
     for kind, hard, p in zip(config.kinds, output.gates, output.probs):
         if kind == "routed":
             g = hard.float()  # (B, H, T)
             frac = g.mean(dim=(0, 2))
             ideal_keys = (g * dense_keys + (1 - g) * local_keys).mean(dim=(0, 1)).sum()
-            full_keys = {"exact": dense_keys, "sparse": g.mean(dim=(0, 1)) * dense_keys}
-            computed_keys, ran_keys = ((local_keys + full_keys[m]).sum() for m in modes)
+            computed_keys = routed_keys_computed(g, counted, dense_keys, local_keys)
+            ran_keys = computed_keys if output.routed_mode == counted else \
+                routed_keys_computed(g, output.routed_mode, dense_keys, local_keys)
         else:
             frac = torch.full((H,), 1.0 if kind == "dense" else 0.0, device=device)
             ideal_keys = computed_keys = ran_keys = (dense_keys if kind == "dense" else local_keys).sum()
