@@ -21,6 +21,7 @@ from data.prepare import main as prepare_main
 from data.shakespeare.prepare import main as shakespeare_main
 from data.tokens import Encoder, read_meta, token_dtype, write_meta
 from model import GPT, GPTConfig
+from processes import run_in_own_session
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEECHES = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n" * 20
@@ -169,13 +170,9 @@ def test_encoding_workers_end_on_sigterm_whatever_handler_the_parent_installed(t
               "p.CHUNK_CHARS = 500; p.prepare_files([sys.argv[1]], sys.argv[2], encoding='bytes', num_proc=2, "
               "progress=False)")
     for attempt in range(3):  # the hang needed a worker waiting on the queue's lock when the pool ended: 1 in ~6
-        proc = subprocess.Popen([sys.executable, "-c", script, str(source), str(tmp_path / f"out{attempt}")],
-                                cwd=ROOT, start_new_session=True)
-        try:
-            assert proc.wait(timeout=60) == 0
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            pytest.fail("the encoding pool hung on ending its workers")
+        done = run_in_own_session([sys.executable, "-c", script, str(source), str(tmp_path / f"out{attempt}")],
+                                  timeout=60, cwd=ROOT)
+        assert done.returncode == 0
 
 
 def test_rerun_replaces_the_output_and_max_tokens_stops_early(tmp_path):

@@ -2,7 +2,6 @@
 documented (the data order is kept when the global batch is; per-rank RNGs are re-seeded)."""
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import checkpoint
 import train
 from configurator import parse_args
 from model import GPTConfig
+from processes import run_in_own_session
 from train import TrainConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -33,20 +33,11 @@ def torchrun(corpus, out_dir, nproc=2, **overrides):
     with socket.socket() as s:  # a free loopback port for the rendezvous, on the loopback interface only
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    # a session of its own, so a timeout kills the ranks too: killing torchrun alone left them holding the pipes,
-    # and the test hung on reading them instead of failing
-    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes=1",
-                             f"--nproc_per_node={nproc}", "--master_addr=127.0.0.1", f"--master_port={port}",
-                             "train.py", *args(corpus, out_dir, **overrides)],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            env={**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"})
-    try:
-        stdout, stderr = proc.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate()
-        pytest.fail("torchrun ran past 300 s (killed with its ranks):\n" + stdout[-1000:] + stderr[-3000:])
-    result = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    result = run_in_own_session([sys.executable, "-m", "torch.distributed.run", "--nnodes=1",
+                                 f"--nproc_per_node={nproc}", "--master_addr=127.0.0.1", f"--master_port={port}",
+                                 "train.py", *args(corpus, out_dir, **overrides)], timeout=300,
+                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stdout[-1000:] + result.stderr[-3000:]
     assert f"{nproc} process(es)" in result.stdout
     return result

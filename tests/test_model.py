@@ -356,10 +356,11 @@ def test_rotary_rotates_each_pair_by_its_position_angle(dtype):
     angle = torch.arange(length).float()[:, None] / base ** (torch.arange(half).float() * 2 / head_dim)
     x1, x2 = x.float()[..., :half], x.float()[..., half:]
     expected = torch.cat([x1 * angle.cos() - x2 * angle.sin(), x2 * angle.cos() + x1 * angle.sin()], -1)
-    torch.testing.assert_close(apply_rotary(x, cos, sin), expected.to(dtype))
-    assert apply_rotary(x, cos, sin).dtype == dtype
+    rotated = apply_rotary(x, cos, sin)
+    assert rotated.dtype == dtype
+    torch.testing.assert_close(rotated, expected.to(dtype))
     # position 0 is the identity; a rotation keeps each pair's length
-    torch.testing.assert_close(apply_rotary(x, cos, sin)[..., 0, :], x[..., 0, :])
+    torch.testing.assert_close(rotated[..., 0, :], x[..., 0, :])
     norms = lambda y: y.float()[..., :half] ** 2 + y.float()[..., half:] ** 2
     tol = {"rtol": 2e-2, "atol": 2e-2} if dtype == torch.bfloat16 else {}
-    torch.testing.assert_close(norms(apply_rotary(x, cos, sin)), norms(x), **tol)
+    torch.testing.assert_close(norms(rotated), norms(x), **tol)

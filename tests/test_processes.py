@@ -1,0 +1,37 @@
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from processes import run_in_own_session
+
+
+def test_a_timeout_fails_the_test_and_kills_the_children_too(tmp_path):
+    # the parent starts a child that would outlive it (and, were the output piped, hold the pipe: the hang the
+    # helper exists for; not piped here, so a helper that kills only the parent fails below instead of hanging)
+    pid_file = tmp_path / "child.pid"
+    script = ("import subprocess, sys, time; child = subprocess.Popen([sys.executable, '-c', 'import time; "
+              f"time.sleep(600)']); open({str(pid_file)!r}, 'w').write(str(child.pid)); time.sleep(600)")
+    started = time.time()
+    with pytest.raises(pytest.fail.Exception, match="ran past 2 s"):
+        run_in_own_session([sys.executable, "-c", script], timeout=2)
+    assert time.time() - started < 30
+    child = int(pid_file.read_text())
+    for _ in range(50):  # SIGKILL is delivered at once; the zombie is reaped by init shortly after
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        if open(f"/proc/{child}/stat").read().split()[2] == "Z":
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"child {child} still runs")
+
+
+def test_a_finished_command_returns_its_output_and_status():
+    done = run_in_own_session([sys.executable, "-c", "print('hi'); raise SystemExit(3)"], timeout=60,
+                              stdout=subprocess.PIPE, text=True)
+    assert done.returncode == 3 and done.stdout == "hi\n"
