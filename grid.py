@@ -636,6 +636,30 @@ def versus_best_fixed(row, best):
     return f"{diff:+.3f}" + (" (tie)" if is_tie(loss, ref) else "")
 
 
+def paired_differences(row, ref):
+    """Val loss minus ref's at the same seed (same backbone init, same data order), one per seed both
+    completed. At equal init a seed's difference varies far less than either row's loss does over seeds."""
+    ref_loss = {r["seed"]: r["val_loss"] for r in ref.results if r["complete"]}
+    return [r["val_loss"] - ref_loss[r["seed"]] for r in row.results if r["complete"] and r["seed"] in ref_loss]
+
+
+def paired_text(row, ref):
+    """The same-seed cell: mean [min, max] of the differences, and 'better (worse) on every seed' where two or
+    more all have one sign, else 'tie'."""
+    if ref is None:
+        return "no reference"
+    if row.run == ref.run:
+        return "reference"
+    diffs = paired_differences(row, ref)
+    if not diffs:
+        return "missing"
+    mean, low, high = spread(diffs)
+    if len(diffs) == 1:
+        return f"{mean:+.3f} (1 seed)"
+    verdict = "better on every seed" if high < 0 else "worse on every seed" if low > 0 else "tie"
+    return f"{mean:+.3f} [{low:+.3f}, {high:+.3f}] {verdict}"
+
+
 def seeds_text(row):
     done = [r["seed"] for r in row.results if r["complete"]]
     if len(done) == len(row.results):
@@ -653,8 +677,11 @@ def results_table(rows, references):
     gap_header = "gap recovery" if dense_beats_local or not (refs.get("local") and refs.get("dense")) else \
         "vs local and dense"
     lines = [f"| run | layers | seeds | val loss mean [min-max] | global fraction | attention FLOPs ideal | "
-             f"computed | KV bytes | training tokens/s | wall time | {gap_header} | vs best fixed |",
-             "|" + "---|" * 12]
+             f"computed | KV bytes | training tokens/s | wall time | {gap_header} | vs best fixed | "
+             f"vs {references.get('local', 'local')}, same seed | vs {references.get('dense', 'dense')}, same seed |",
+             "|" + "---|" * 14]
+    by_name = {row.run: row for row in rows}
+    local_row, dense_row = (by_name.get(references.get(role)) for role in ("local", "dense"))
     for row in rows:
         kv, kv_dense = row.stat("kv_bytes"), row.stat("kv_bytes_dense")
         kv_text = "missing" if kv is None else fmt_bytes(kv[0]) + (
@@ -665,7 +692,8 @@ def results_table(rows, references):
             f"| {row.run}", row.layers, seeds_text(row), fmt_loss(row.stat("val_loss")), frac_text,
             fmt_pct(row.stat("flops_ideal")), fmt_pct(row.stat("flops_computed")), kv_text,
             "missing" if tok is None else f"{tok[0]:,.0f}", "missing" if wall is None else f"{wall[0] / 60:.1f} min",
-            gap_text(row, refs, references), versus_best_fixed(row, best)]) + " |")
+            gap_text(row, refs, references), versus_best_fixed(row, best), paired_text(row, local_row),
+            paired_text(row, dense_row)]) + " |")
     notes = ["", "Val loss: the evaluator's fixed validation windows (evaluate.py), mean over seeds with [min-max]. "
              "Global fraction: routed layers' global decisions. Attention FLOPs and KV-cache bytes: relative to "
              "an all-dense model of the same shape. Tokens/s: training steps only (the last process of the run); "
@@ -683,6 +711,9 @@ def results_table(rows, references):
     if best:
         notes.append(f"vs best fixed: mean val loss minus that of {best.run}, the best schedule without routed "
                      f"layers; (tie) where the difference is smaller than the larger of the two rows' seed ranges.")
+    notes.append("Same seed: val loss minus the reference's at each seed both ran (a seed fixes the backbone init "
+                 "and the data order for every row), mean [min, max] over those seeds; a tie unless every seed "
+                 "differs in the same direction.")
     incomplete = [row.run for row in rows if not row.complete]
     if incomplete:
         notes.append(f"**Incomplete**: {', '.join(incomplete)} (a seed failed or has not run); their numbers are over "
@@ -708,8 +739,8 @@ def load_rows(record):
 
 def summary_table(grids):
     """One table over several grids with the same runs: per run, for each grid, the val loss (mean [min-max]),
-    the routed global fraction, the ideal attention FLOPs vs dense and the difference to the grid's best fixed
-    schedule. grids: [(title, rows, references)]."""
+    the routed global fraction, the ideal attention FLOPs vs dense, the difference to the grid's best fixed
+    schedule and the same-seed difference to local. grids: [(title, rows, references)]."""
     names, layers = [], {}
     for _, rows, _ in grids:
         for row in rows:
@@ -717,24 +748,30 @@ def summary_table(grids):
                 names.append(row.run)
                 layers[row.run] = row.layers
     header = ["run", "layers"] + [f"{title}: {column}" for title, _, _ in grids
-                                  for column in ("val loss", "global", "attn FLOPs", "vs best fixed")]
+                                  for column in ("val loss", "global", "attn FLOPs", "vs best fixed",
+                                                 "vs local, same seed")]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    by_grid = [({row.run: row for row in rows}, best_fixed(rows)) for _, rows, _ in grids]
+    by_grid = []
+    for _, rows, references in grids:
+        by_name = {row.run: row for row in rows}
+        by_grid.append((by_name, best_fixed(rows), by_name.get(references.get("local"))))
     for name in names:
         cells = [name, layers[name]]
-        for by_name, best in by_grid:
+        for by_name, best, local_row in by_grid:
             row = by_name.get(name)
             if row is None:
-                cells += ["-"] * 4
+                cells += ["-"] * 5
                 continue
             frac = row.stat("global_frac")
             cells += [fmt_loss(row.stat("val_loss")), "-" if frac is None else fmt_pct(frac, 1),
-                      fmt_pct(row.stat("flops_ideal")), versus_best_fixed(row, best)]
+                      fmt_pct(row.stat("flops_ideal")), versus_best_fixed(row, best), paired_text(row, local_row)]
         lines.append("| " + " | ".join(cells) + " |")
     notes = ["", "Val loss on each grid's fixed validation windows, mean over seeds with [min-max]; global: the routed "
              "layers' global decisions; attention FLOPs: ideal, vs an all-dense model of the same shape; vs best "
              "fixed: mean val loss minus that of the grid's best schedule without routed layers, (tie) where the "
-             "difference is smaller than the larger of the two rows' seed ranges."]
+             "difference is smaller than the larger of the two rows' seed ranges; vs local, same seed: val loss "
+             "minus local's at each seed both ran, mean [min, max], a tie unless every seed differs in the same "
+             "direction."]
     for title, rows, _ in grids:
         best = best_fixed(rows)
         if best:

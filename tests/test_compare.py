@@ -147,6 +147,10 @@ def test_table_arithmetic_mean_range_ties_and_gap_recovery():
     assert lines["lost"][3] == "missing" and lines["lost"][10] == "missing"
     assert lines["local"][7] == "1.0 KiB (50%)" and lines["local"][4] == "-"
     assert "**Incomplete**: broken, lost" in table
+    # same seed: routed - local = -0.14, -0.08 (better on both); LG - dense = +0.05, +0.01 (worse on both)
+    assert lines["routed"][12] == "-0.110 [-0.140, -0.080] better on every seed"
+    assert lines["LG"][13] == "+0.030 [+0.010, +0.050] worse on every seed" and lines["local"][12] == "reference"
+    assert lines["broken"][12] == "+0.100 (1 seed)" and lines["lost"][12] == "missing"
     tied = [Row("local", "fixed", "L", [1, 2], [result(1, 2.0), result(2, 2.2)]),
             Row("dense", "fixed", "G", [1, 2], [result(1, 2.3), result(2, 2.3)]),
             Row("R1", "routed", "R", [1, 2], [result(1, 1.9), result(2, 1.9)]),
@@ -158,6 +162,8 @@ def test_table_arithmetic_mean_range_ties_and_gap_recovery():
     assert lines["R1"][10] == "beats both" and lines["R2"][10] == "ties the better reference"
     assert lines["R3"][10] == "does not beat both" and lines["local"][10] == lines["dense"][10] == "reference"
     assert lines["R2"][11] == "-0.050 (tie)" and lines["R1"][11] == "-0.200"  # local's range is 0.2
+    assert lines["R2"][12] == "-0.050 [-0.150, +0.050] tie"  # one seed each way
+    assert lines["R1"][12].endswith("better on every seed")
 
 
 def test_plots_are_small_pngs_drawn_from_the_rows(tmp_path):
@@ -205,8 +211,10 @@ def test_a_summary_puts_records_side_by_side_from_their_rows_json(tmp_path, caps
                                                                                         "pareto.png"}
     table = open(os.path.join(out, folder, "table.md")).read()
     line = cells(table)["routed"]
-    assert line[:2] == ["routed", "RR"] and line[2:6] == ["2.160", "15.0%", "50%", "+0.050"]  # best fixed: dense 2.11
-    assert line[6:10] == ["3.160", "15.0%", "50%", "+0.050"] and "| bpe: val loss |" in table
+    # best fixed: dense 2.11; local 2.30, 2.26 at seeds 1, 2
+    assert line[:2] == ["routed", "RR"] and line[2:7] == ["2.160", "15.0%", "50%", "+0.050",
+                                                          "-0.120 [-0.140, -0.100] better on every seed"]
+    assert line[7:11] == ["3.160", "15.0%", "50%", "+0.050"] and "| bpe: val loss |" in table
     assert cells(table)["dense"][5] == "best fixed"
     png = open(os.path.join(out, folder, "pareto.png"), "rb").read()
     assert png.startswith(b"\x89PNG") and 5_000 < len(png) < 200_000
