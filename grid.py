@@ -45,6 +45,7 @@ GRID_KEYS = {"base", "common", "seeds", "runs", "references", "evaluate"}
 RUNNER_KEYS = {"out_dir", "seed"}  # the runner sets these for each run
 SPECIAL = {"run:": "init_from", "matched:": "random_global_q"}  # prefix -> the one key it may be given to
 KEEP_TRAINING_KEYS = {"max_iters"}  # may change between launches of a run: resuming continues to the new value
+MATCHED_RATE_TOLERANCE = 0.005  # a matched run is stale once a layer's source rate moved more than this
 
 
 class GridError(ValueError):
@@ -381,9 +382,24 @@ def train_state(job, grid, out_root):
     if differ:
         raise GridError(f"{job.out_dir} was trained with another command (differs in {' '.join(differ)[:200]}): "
                         f"delete that folder to retrain it, or restore the grid")
+    if known and matched_run(job):
+        check_matched_rates(job, first["argv"], planned)
     if has_ckpt and summary and summary.get("complete") and summary.get("max_iters") == job.tcfg.max_iters:
         return "skip"
     return "resume" if has_ckpt else "train"
+
+
+def check_matched_rates(job, trained_argv, planned_argv):
+    """Refuses a "matched:NAME" run whose rates no longer match NAME's evaluation (NAME was retrained or
+    re-evaluated since): it would be compared at a cost NAME no longer has."""
+    def rates(argv):
+        value = next((a.partition("=")[2] for a in argv if a.startswith("--random_global_q=")), None)
+        return None if value is None else ast.literal_eval(value)
+    trained, now = rates(trained_argv), rates(planned_argv)
+    if trained is not None and now is not None and (
+            len(trained) != len(now) or max(abs(a - b) for a, b in zip(trained, now)) > MATCHED_RATE_TOLERANCE):
+        raise GridError(f"{job.out_dir} trained at per-layer rates {trained}, but {matched_run(job)} seed "
+                        f"{job.seed}'s evaluation now gives {now}: delete that folder to retrain it at the new rates")
 
 
 def eval_state(job, grid):

@@ -79,6 +79,21 @@ def test_matched_rates_come_from_the_learned_runs_evaluation_at_the_same_seed(tm
             json.dump({"global_frac_per_layer": rates}, f)
     argv = train_argv(random_2, g, out)
     assert "--random_global_q=[0.25, 0.0, 0.0625, 0.0]" in argv and "--routing=random" in argv
+    # trained at those rates; then routed seed 2 is retrained and evaluated again
+    os.makedirs(random_2.out_dir)
+    open(os.path.join(random_2.out_dir, "ckpt.pt"), "w").close()
+    with open(os.path.join(random_2.out_dir, "launches.json"), "w") as f:
+        json.dump([{"step": "train", "argv": argv, "cwd": os.getcwd(), "wall_s": 1.0, "returncode": 0}], f)
+    for rates, stale in (([0.252, None, 0.0625, None], False), ([0.25, None, 0.2, None], True)):
+        with open(os.path.join(jobs[1].out_dir, "eval.json"), "w") as f:
+            json.dump({"global_frac_per_layer": rates}, f)
+        if stale:
+            with pytest.raises(GridError, match=r"random__seed_2 trained at per-layer rates \[0.25, 0.0, 0.0625, "
+                                                 r"0.0\], but routed seed 2's evaluation now gives \[0.25, 0.0, 0.2, "
+                                                 r"0.0\]: delete that folder"):
+                grid.train_state(random_2, g, out)
+        else:  # within the tolerance: the run stands (no summary yet: resume)
+            assert grid.train_state(random_2, g, out) == "resume"
 
 
 def test_run_jobs_keeps_the_job_limit_and_the_order_and_blocks_what_depends_on_a_failure(tmp_path, monkeypatch):
