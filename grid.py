@@ -565,11 +565,6 @@ def gap_recovery(loss, local, dense):
     return (local - loss) / (local - dense)
 
 
-def is_tie(a, b):
-    """Two spreads (mean, min, max) tie when their means differ by less than the larger of their ranges."""
-    return abs(a[0] - b[0]) < max(a[2] - a[1], b[2] - b[1])
-
-
 @dataclasses.dataclass
 class Row:
     """One run of the grid with its per-seed results (collect's dicts)."""
@@ -581,6 +576,10 @@ class Row:
 
     def stat(self, key):
         return spread([r[key] for r in self.results if r["complete"]])
+
+    def losses(self):
+        """{seed: val loss} of the seeds that completed."""
+        return {r["seed"]: r["val_loss"] for r in self.results if r["complete"] and r["val_loss"] is not None}
 
     @property
     def complete(self):
@@ -596,15 +595,16 @@ def rows_of(jobs, status=None):
     return list(rows.values())
 
 
-def best_fixed(rows):
-    """The fixed-schedule row (no routed layer) with the lowest mean val loss, None if none has a loss."""
+def best_fixed(rows, references=None):
+    """The fixed-schedule row (no routed layer) with the lowest val loss, compared at equal seeds: by the mean
+    same-seed difference to the local reference where it has results (a row with a third seed would otherwise
+    be ranked on another set of seeds), else by the mean. None if no fixed row has a loss."""
     fixed = [row for row in rows if row.kind == "fixed" and row.stat("val_loss")]
+    anchor = {row.run: row for row in rows}.get((references or {}).get("local"))
+    versus_anchor = {row.run: spread(paired_differences(row, anchor)) for row in fixed} if anchor else {}
+    if versus_anchor and all(versus_anchor.values()):
+        return min(fixed, key=lambda row: versus_anchor[row.run][0])
     return min(fixed, key=lambda row: row.stat("val_loss")[0]) if fixed else None
-
-
-def reference_losses(rows, references):
-    by_name = {row.run: row for row in rows}
-    return {role: by_name[name].stat("val_loss") if name in by_name else None for role, name in references.items()}
 
 
 def fmt_loss(s):
@@ -622,41 +622,68 @@ def fmt_bytes(n):
         n /= 1024
 
 
-def gap_text(row, refs, references):
-    """The gap-recovery cell: a percentage where dense beats local, else whether the run beats both."""
-    loss, local, dense = row.stat("val_loss"), refs.get("local"), refs.get("dense")
-    if loss is None:
+def common_seed_means(rows):
+    """Each row's mean val loss over the seeds that every one of them completed; None without a common seed."""
+    seeds = set.intersection(*(set(row.losses()) for row in rows))
+    if not seeds:
+        return None
+    return [sum(row.losses()[s] for s in seeds) / len(seeds) for row in rows]
+
+
+def dense_beats_local(local_row, dense_row):
+    """Whether dense's val loss is below local's, on the mean over the seeds both completed (None: no reference
+    or no common seed)."""
+    means = common_seed_means([local_row, dense_row]) if local_row and dense_row else None
+    return None if means is None else means[1] < means[0]
+
+
+def gap_text(row, local_row, dense_row):
+    """The gap-recovery cell, at equal seeds: where dense beats local, (loss_local - loss) / (loss_local -
+    loss_dense) on the means over the seeds the run shares with both; where local beats dense, whether the run
+    beats both on every seed (or is worse than local on every seed, or ties)."""
+    if row.stat("val_loss") is None:
         return "missing"
-    if local is None or dense is None:
+    beats = dense_beats_local(local_row, dense_row)
+    if beats is None:
         return "no reference"
-    recovery = gap_recovery(loss[0], local[0], dense[0])
-    if recovery is not None:
-        return f"{100 * recovery:.0f}%"
-    if row.run in references.values():
+    if beats:
+        means = common_seed_means([row, local_row, dense_row])
+        if means is None:
+            return "no common seed"
+        return f"{100 * gap_recovery(means[0], means[1], means[2]):.0f}%"
+    if row.run in (local_row.run, dense_row.run):
         return "reference"
-    best = min(local, dense, key=lambda s: s[0])
-    if is_tie(loss, best):
-        return "ties the better reference"
-    return "beats both" if loss[0] < best[0] else "does not beat both"
+    diffs = [paired_differences(row, ref) for ref in (local_row, dense_row)]
+    if not all(diffs):
+        return "no common seed"
+    verdicts = [paired_verdict(d, min_seeds=1) for d in diffs]
+    text = "beats both" if verdicts == ["better", "better"] else \
+        "does not beat both" if verdicts[0] == "worse" else "ties the better reference"
+    return text + (" (1 seed)" if min(map(len, diffs)) < 2 else "")
 
 
 def versus_best_fixed(row, best):
+    """The same-seed difference to the best fixed schedule (paired_text)."""
     if best is None:
         return "no fixed schedule"
-    loss, ref = row.stat("val_loss"), best.stat("val_loss")
-    if loss is None:
-        return "missing"
     if row.run == best.run:
         return "best fixed"
-    diff = loss[0] - ref[0]
-    return f"{diff:+.3f}" + (" (tie)" if is_tie(loss, ref) else "")
+    return paired_text(row, best)
 
 
 def paired_differences(row, ref):
     """Val loss minus ref's at the same seed (same backbone init, same data order), one per seed both
     completed. At equal init a seed's difference varies far less than either row's loss does over seeds."""
-    ref_loss = {r["seed"]: r["val_loss"] for r in ref.results if r["complete"]}
-    return [r["val_loss"] - ref_loss[r["seed"]] for r in row.results if r["complete"] and r["seed"] in ref_loss]
+    ref_loss = ref.losses()
+    return [loss - ref_loss[seed] for seed, loss in row.losses().items() if seed in ref_loss]
+
+
+def paired_verdict(diffs, min_seeds=2):
+    """'better' ('worse') where min_seeds or more same-seed differences all have that sign, else 'tie'; None
+    with fewer than min_seeds."""
+    if len(diffs) < min_seeds:
+        return None
+    return "better" if max(diffs) < 0 else "worse" if min(diffs) > 0 else "tie"
 
 
 def paired_text(row, ref):
@@ -670,10 +697,10 @@ def paired_text(row, ref):
     if not diffs:
         return "missing"
     mean, low, high = spread(diffs)
-    if len(diffs) == 1:
+    verdict = paired_verdict(diffs)
+    if verdict is None:
         return f"{mean:+.3f} (1 seed)"
-    verdict = "better on every seed" if high < 0 else "worse on every seed" if low > 0 else "tie"
-    return f"{mean:+.3f} [{low:+.3f}, {high:+.3f}] {verdict}"
+    return f"{mean:+.3f} [{low:+.3f}, {high:+.3f}] " + (verdict if verdict == "tie" else f"{verdict} on every seed")
 
 
 def seeds_text(row):
@@ -686,18 +713,17 @@ def seeds_text(row):
 
 
 def results_table(rows, references):
-    """table.md: one line per run (mean and [min-max] over its seeds), then what the columns mean."""
-    refs = reference_losses(rows, references)
-    best = best_fixed(rows)
-    dense_beats_local = refs.get("local") and refs.get("dense") and refs["dense"][0] < refs["local"][0]
-    gap_header = "gap recovery" if dense_beats_local or not (refs.get("local") and refs.get("dense")) else \
-        "vs local and dense"
-    lines = [f"| run | layers | seeds | val loss mean [min-max] | global fraction | attention FLOPs ideal | "
-             f"computed | KV bytes | training tokens/s | wall time | {gap_header} | vs best fixed | "
-             f"vs {references.get('local', 'local')}, same seed | vs {references.get('dense', 'dense')}, same seed |",
-             "|" + "---|" * 14]
+    """table.md: one line per run (mean and [min-max] over its seeds), then what the columns mean. Every
+    comparison between rows is made at equal seeds (a row with a third seed is not compared on it)."""
     by_name = {row.run: row for row in rows}
     local_row, dense_row = (by_name.get(references.get(role)) for role in ("local", "dense"))
+    best = best_fixed(rows, references)
+    beats = dense_beats_local(local_row, dense_row)
+    gap_header = "vs local and dense" if beats is False else "gap recovery"
+    lines = [f"| run | layers | seeds | val loss mean [min-max] | global fraction | attention FLOPs ideal | "
+             f"computed | KV bytes | training tokens/s | wall time | {gap_header} | vs best fixed, same seed | "
+             f"vs {references.get('local', 'local')}, same seed | vs {references.get('dense', 'dense')}, same seed |",
+             "|" + "---|" * 14]
     for row in rows:
         kv, kv_dense = row.stat("kv_bytes"), row.stat("kv_bytes_dense")
         kv_text = "missing" if kv is None else fmt_bytes(kv[0]) + (
@@ -708,28 +734,33 @@ def results_table(rows, references):
             f"| {row.run}", row.layers, seeds_text(row), fmt_loss(row.stat("val_loss")), frac_text,
             fmt_pct(row.stat("flops_ideal")), fmt_pct(row.stat("flops_computed")), kv_text,
             "missing" if tok is None else f"{tok[0]:,.0f}", "missing" if wall is None else f"{wall[0] / 60:.1f} min",
-            gap_text(row, refs, references), versus_best_fixed(row, best), paired_text(row, local_row),
+            gap_text(row, local_row, dense_row), versus_best_fixed(row, best), paired_text(row, local_row),
             paired_text(row, dense_row)]) + " |")
-    notes = ["", "Val loss: the evaluator's fixed validation windows (evaluate.py), mean over seeds with [min-max]. "
+    seed_counts = {len(row.losses()) for row in rows if row.losses()}
+    notes = ["", "Val loss: the evaluator's fixed validation windows (evaluate.py), mean over the row's seeds with "
+             "[min-max]" + ("; rows ran different numbers of seeds, so compare rows in the same-seed columns, not "
+                            "by these means" if len(seed_counts) > 1 else "") + ". "
              "Global fraction: routed layers' global decisions. Attention FLOPs and KV-cache bytes: relative to "
              "an all-dense model of the same shape. Tokens/s: training steps only (the last process of the run); "
              "wall time: every training process of the run, mean over seeds."]
     local, dense = references.get("local"), references.get("dense")
-    if dense_beats_local:
-        noise = f"; {dense} beats {local} by less than their seed ranges, so these percentages are noise (the gap " \
-            f"is a tie)." if is_tie(refs["local"], refs["dense"]) else "."
-        notes.append(f"Gap recovery: (loss_{local} - loss) / (loss_{local} - loss_{dense}), on the means: 0% is "
-                     f"{local}, 100% is {dense}{noise}")
-    elif refs.get("local") and refs.get("dense"):
-        notes.append(f"{local} beats {dense}, so no gap to recover: the column says whether the run beats both.")
+    if beats:
+        noise = f"; {dense} beats {local} on some seeds only, so these percentages are noise (the gap is a tie)" \
+            if paired_verdict(paired_differences(dense_row, local_row)) != "better" else ""
+        notes.append(f"Gap recovery: (loss_{local} - loss) / (loss_{local} - loss_{dense}), on the means over the "
+                     f"seeds the run shares with both: 0% is {local}, 100% is {dense}{noise}.")
+    elif beats is False:
+        notes.append(f"{local} beats {dense}, so no gap to recover: the column says whether the run beats both "
+                     f"on every seed they share, is worse than {local} on every seed, or ties.")
     else:
-        notes.append("No local and dense reference rows with results: no gap recovery.")
+        notes.append("No local and dense reference rows with results at a common seed: no gap recovery.")
     if best:
-        notes.append(f"vs best fixed: mean val loss minus that of {best.run}, the best schedule without routed "
-                     f"layers; (tie) where the difference is smaller than the larger of the two rows' seed ranges.")
+        notes.append(f"Best fixed: {best.run}, the schedule without routed layers with the lowest val loss at "
+                     f"equal seeds (the mean same-seed difference to {local})." if local_row else
+                     f"Best fixed: {best.run}, the schedule without routed layers with the lowest mean val loss.")
     notes.append("Same seed: val loss minus the reference's at each seed both ran (a seed fixes the backbone init "
-                 "and the data order for every row), mean [min, max] over those seeds; a tie unless every seed "
-                 "differs in the same direction.")
+                 "and the data order for every row), mean [min, max] over those seeds; better or worse only where "
+                 "every seed differs in the same direction, else a tie.")
     incomplete = [row.run for row in rows if not row.complete]
     if incomplete:
         notes.append(f"**Incomplete**: {', '.join(incomplete)} (a seed failed or has not run); their numbers are over "
@@ -755,8 +786,8 @@ def load_rows(record):
 
 def summary_table(grids):
     """One table over several grids with the same runs: per run, for each grid, the val loss (mean [min-max]),
-    the routed global fraction, the ideal attention FLOPs vs dense, the difference to the grid's best fixed
-    schedule and the same-seed difference to local. grids: [(title, rows, references)]."""
+    the routed global fraction, the ideal attention FLOPs vs dense, and the same-seed differences to the grid's
+    best fixed schedule and to local. grids: [(title, rows, references)]."""
     names, layers = [], {}
     for _, rows, _ in grids:
         for row in rows:
@@ -764,13 +795,13 @@ def summary_table(grids):
                 names.append(row.run)
                 layers[row.run] = row.layers
     header = ["run", "layers"] + [f"{title}: {column}" for title, _, _ in grids
-                                  for column in ("val loss", "global", "attn FLOPs", "vs best fixed",
+                                  for column in ("val loss", "global", "attn FLOPs", "vs best fixed, same seed",
                                                  "vs local, same seed")]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     by_grid = []
     for _, rows, references in grids:
         by_name = {row.run: row for row in rows}
-        by_grid.append((by_name, best_fixed(rows), by_name.get(references.get("local"))))
+        by_grid.append((by_name, best_fixed(rows, references), by_name.get(references.get("local"))))
     for name in names:
         cells = [name, layers[name]]
         for by_name, best, local_row in by_grid:
@@ -782,14 +813,12 @@ def summary_table(grids):
             cells += [fmt_loss(row.stat("val_loss")), "-" if frac is None else fmt_pct(frac, 1),
                       fmt_pct(row.stat("flops_ideal")), versus_best_fixed(row, best), paired_text(row, local_row)]
         lines.append("| " + " | ".join(cells) + " |")
-    notes = ["", "Val loss on each grid's fixed validation windows, mean over seeds with [min-max]; global: the routed "
-             "layers' global decisions; attention FLOPs: ideal, vs an all-dense model of the same shape; vs best "
-             "fixed: mean val loss minus that of the grid's best schedule without routed layers, (tie) where the "
-             "difference is smaller than the larger of the two rows' seed ranges; vs local, same seed: val loss "
-             "minus local's at each seed both ran, mean [min, max], a tie unless every seed differs in the same "
-             "direction."]
-    for title, rows, _ in grids:
-        best = best_fixed(rows)
+    notes = ["", "Val loss on each grid's fixed validation windows, mean over the row's seeds with [min-max]; global: "
+             "the routed layers' global decisions; attention FLOPs: ideal, vs an all-dense model of the same shape; "
+             "same seed: val loss minus the reference's at each seed both ran, mean [min, max], better or worse "
+             "only where every seed differs in the same direction, else a tie. Best fixed: the schedule without "
+             "routed layers with the lowest mean same-seed difference to local."]
+    for (title, rows, _), (_, best, _) in zip(grids, by_grid):
         if best:
             notes.append(f"{title}: best fixed schedule {best.run} ({fmt_loss(best.stat('val_loss'))}).")
     return "\n".join(lines + notes) + "\n"

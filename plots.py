@@ -7,6 +7,8 @@ import matplotlib
 from matplotlib.figure import Figure
 from matplotlib.ticker import PercentFormatter
 
+from grid import spread
+
 FIGSIZE, WIDE, DPI = (6.4, 4.2), (8.4, 4.6), 100  # WIDE: room for a legend of up to 20 runs beside the plot
 MARKERS = {"fixed": "s", "random": "^", "routed": "o"}
 
@@ -42,6 +44,7 @@ PARETO_TITLE = "squares fixed, triangles random, circles routed; lines: threshol
 def pareto(path, rows, references=None):
     """Val loss against ideal attention FLOPs: every fixed schedule and random run a point with its seed range
     as error bars, every routed run its threshold-sweep curves (one thin line per seed) and its trained point.
+    With a local reference, val loss is measured from local's at the same seed (_losses).
     The loss axis ends a little above the worse of the references (local, dense): a run above it is named
     in the legend with its loss, off the plot, so that it does not squash the runs that compete."""
     fig, ax = _axes(WIDE)
@@ -71,30 +74,53 @@ def pareto_panels(path, panels):
     fig.savefig(path, dpi=DPI)
 
 
-def _loss_ceiling(rows, references):
-    """Top of the loss axis: the worse reference plus a quarter of the span down to the best run; None (let
-    matplotlib choose) without references."""
-    by_name = {row.run: row.stat("val_loss") for row in rows}
-    refs = [by_name[name][0] for name in (references or {}).values() if by_name.get(name)]
-    losses = [s[0] for s in by_name.values() if s]
+def _losses(rows, references):
+    """Each row's val loss spread (mean, min, max) and {seed: loss} on the plot's scale, and the axis label:
+    minus the local reference's loss at the same seed where it has results (a seed moves every row's loss
+    alike, by more than the rows differ; rows with a third seed would otherwise sit higher or lower for it),
+    else the raw val loss."""
+    anchor = {row.run: row for row in rows}.get((references or {}).get("local"))
+    if anchor is None or not anchor.losses():
+        return {row.run: (row.stat("val_loss"), row.losses()) for row in rows}, "val loss"
+    base = anchor.losses()
+    scaled = {}
+    for row in rows:
+        by_seed = {seed: loss - base[seed] for seed, loss in row.losses().items() if seed in base}
+        scaled[row.run] = (spread(list(by_seed.values())), by_seed)
+    return scaled, f"val loss minus {anchor.run}'s, same seed"
+
+
+def _loss_ceiling(losses, references):
+    """Top of the loss axis: the worse reference plus the span down to the best run (room for the runs that
+    compete; one that did not learn, like a half-trained run, is named in the legend instead); None (let
+    matplotlib choose) without references. losses: {run: (spread, by seed)} from _losses."""
+    refs = [losses[name][0][0] for name in (references or {}).values() if name in losses and losses[name][0]]
+    means = [s[0] for s, _ in losses.values() if s]
     if not refs:
         return None
-    return max(refs) + 0.25 * (max(refs) - min(losses))
+    return 2 * max(refs) - min(means)
 
 
 def _pareto_points(ax, rows, colors, references=None):
-    ceiling = _loss_ceiling(rows, references)
+    losses, label = _losses(rows, references)
+    ceiling = _loss_ceiling(losses, references)
+    offset = label != "val loss"
     for row in rows:
-        loss, flops = row.stat("val_loss"), row.stat("flops_ideal")
+        (loss, by_seed), flops = losses[row.run], row.stat("flops_ideal")
         if loss is None or flops is None:
             continue
         color = colors[row.run]
         if ceiling is not None and loss[0] > ceiling:
-            ax.plot([], [], MARKERS[row.kind], color=color, ms=5, label=f"{row.run} ({loss[0]:.3f}, off the plot)")
+            ax.plot([], [], MARKERS[row.kind], color=color, ms=5,
+                    label=f"{row.run} ({loss[0]:+.3f}, off the plot)" if offset else
+                    f"{row.run} ({loss[0]:.3f}, off the plot)")
             continue
         if row.kind == "routed":
             for result in row.results:
-                sweep = sorted((p["attention_flop_frac_ideal"], p["val_loss"]) for p in result["sweep"])
+                if result["seed"] not in by_seed:
+                    continue
+                shift = by_seed[result["seed"]] - result["val_loss"]  # the same offset as the trained point
+                sweep = sorted((p["attention_flop_frac_ideal"], p["val_loss"] + shift) for p in result["sweep"])
                 if sweep:
                     ax.plot(*zip(*sweep), color=color, lw=0.7, alpha=0.6)
         ax.errorbar([flops[0]], [loss[0]], yerr=_error(loss), xerr=_error(flops), fmt=MARKERS[row.kind],
@@ -103,7 +129,7 @@ def _pareto_points(ax, rows, colors, references=None):
         ax.set_ylim(top=ceiling)
     ax.xaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
     ax.set_xlabel("attention FLOPs vs dense (ideal)")
-    ax.set_ylabel("val loss")
+    ax.set_ylabel(label)
     ax.grid(alpha=0.3)
 
 

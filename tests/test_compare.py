@@ -11,7 +11,7 @@ import pytest
 import checkpoint
 import compare
 import grid
-from grid import GridError, Row, gap_recovery, is_tie, load_grid, plan, results_table, spread, train_argv
+from grid import GridError, Row, best_fixed, gap_recovery, load_grid, plan, results_table, spread, train_argv
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 32, "window": 8, "batch_size": 4,
@@ -142,8 +142,6 @@ def test_table_arithmetic_mean_range_ties_and_gap_recovery():
     assert gap_recovery(2.1, local=2.2, dense=2.0) == pytest.approx(0.5)
     assert gap_recovery(1.9, local=2.2, dense=2.0) == pytest.approx(1.5)
     assert gap_recovery(2.1, local=2.0, dense=2.2) is None  # local beats dense: no gap to recover
-    assert is_tie((2.0, 1.95, 2.05), (2.08, 2.08, 2.08))      # 0.08 apart, a range of 0.10
-    assert not is_tie((2.0, 1.99, 2.01), (2.05, 2.04, 2.06))  # 0.05 apart, ranges of 0.02
     rows = [Row("local", "fixed", "LL", [1, 2], [result(1, 2.30), result(2, 2.26)]),
             Row("dense", "fixed", "GG", [1, 2], [result(1, 2.10), result(2, 2.12)]),
             Row("LG", "fixed", "LG", [1, 2], [result(1, 2.15), result(2, 2.13)]),
@@ -156,8 +154,10 @@ def test_table_arithmetic_mean_range_ties_and_gap_recovery():
     assert lines["routed"][3] == "2.170 [2.160-2.180]" and lines["routed"][4] == "15.0%"
     assert lines["routed"][10] == "65%" and lines["local"][10] == "0%" and lines["dense"][10] == "100%"
     assert lines["LG"][10] == "82%"  # (2.28 - 2.14) / 0.17
-    # best fixed is dense (2.11); LG is 0.03 behind with ranges 0.02: not a tie; routed 0.06 behind
-    assert lines["dense"][11] == "best fixed" and lines["LG"][11] == "+0.030" and lines["routed"][11] == "+0.060"
+    # best fixed is dense (2.11); LG is behind it by 0.05 and 0.01, routed by 0.06 at both seeds
+    assert lines["dense"][11] == "best fixed" and lines["LG"][11] == "+0.030 [+0.010, +0.050] worse on every seed"
+    assert lines["routed"][11] == "+0.060 [+0.060, +0.060] worse on every seed"
+    assert lines["broken"][10] == "-50%"  # seed 1 only: (2.30 - 2.40) / (2.30 - 2.10)
     assert lines["broken"][2] == "1 of 2 (seed 2 failed: x)" and lines["broken"][3] == "2.400"
     assert lines["lost"][3] == "missing" and lines["lost"][10] == "missing"
     assert lines["local"][7] == "1.0 KiB (50%)" and lines["local"][4] == "-"
@@ -175,10 +175,27 @@ def test_table_arithmetic_mean_range_ties_and_gap_recovery():
     lines = cells(table)
     assert "| vs local and dense |" in table  # local (2.1) beats dense (2.3): no gap to recover
     assert lines["R1"][10] == "beats both" and lines["R2"][10] == "ties the better reference"
-    assert lines["R3"][10] == "does not beat both" and lines["local"][10] == lines["dense"][10] == "reference"
-    assert lines["R2"][11] == "-0.050 (tie)" and lines["R1"][11] == "-0.200"  # local's range is 0.2
+    assert lines["R3"][10] == "does not beat both (1 seed)" and lines["local"][10] == lines["dense"][10] == "reference"
+    assert lines["local"][11] == "best fixed" and lines["R1"][11] == "-0.200 [-0.300, -0.100] better on every seed"
     assert lines["R2"][12] == "-0.050 [-0.150, +0.050] tie"  # one seed each way
     assert lines["R1"][12].endswith("better on every seed")
+
+
+def test_rows_are_compared_at_equal_seeds_when_some_ran_a_third():
+    """Seed 3 is a worse draw for every row: ranked by their means, the rows without it would look better."""
+    rows = [Row("local", "fixed", "L", [1, 2, 3], [result(1, 2.00), result(2, 2.00), result(3, 2.50)]),
+            Row("dense", "fixed", "G", [1, 2, 3], [result(1, 2.10), result(2, 2.10), result(3, 2.60)]),
+            Row("LG", "fixed", "LG", [1, 2], [result(1, 1.99), result(2, 1.99)]),
+            Row("LLLG", "fixed", "LLLG", [1, 2, 3], [result(1, 1.98), result(2, 1.98), result(3, 2.48)]),
+            Row("routed", "routed", "R", [1, 2], [result(1, 1.97), result(2, 1.96)])]
+    references = {"local": "local", "dense": "dense"}
+    assert best_fixed(rows, references).run == "LLLG"  # by the means (2.147 vs LG's 1.990) it would be LG
+    assert best_fixed(rows, {}).run == "LG"             # no local reference: the means are all there is
+    lines = cells(results_table(rows, references))
+    assert lines["LG"][11] == "+0.010 [+0.010, +0.010] worse on every seed"
+    assert lines["routed"][11] == "-0.015 [-0.020, -0.010] better on every seed"
+    assert lines["routed"][10] == "beats both" and lines["LLLG"][10] == "beats both"
+    assert "rows ran different numbers of seeds" in results_table(rows, references)
 
 
 def test_plots_are_small_pngs_drawn_from_the_rows(tmp_path):
@@ -192,10 +209,18 @@ def test_plots_are_small_pngs_drawn_from_the_rows(tmp_path):
     wide = Row("routed_w64", "routed", "RLR", [1], [result(1, 2.05, global_frac=0.2)])
     rows = [Row("local", "fixed", "LLL", [1], [result(1, 2.3)]), routed, wide,
             Row("lost", "fixed", "G", [1], [result(1, None)])]
-    plots.pareto(tmp_path / "pareto.png", rows, {"local": "local", "dense": "lost"})
-    # the loss axis ends a quarter of the span (best 2.05 .. local 2.3) above the reference: 2.3625
-    assert plots._loss_ceiling(rows, {"local": "local", "dense": "lost"}) == pytest.approx(2.3625)
-    assert plots._loss_ceiling(rows, {}) is None
+    references = {"local": "local", "dense": "dense"}
+    rows.append(Row("dense", "fixed", "GGG", [1, 2], [result(1, 2.4), result(2, 2.1)]))
+    plots.pareto(tmp_path / "pareto.png", rows, references)
+    # losses minus local's at the same seed (local ran seed 1 only): dense +0.1, routed -0.19, wide -0.25
+    losses, label = plots._losses(rows, references)
+    assert label == "val loss minus local's, same seed" and losses["lost"] == (None, {})
+    assert losses["routed"][1] == pytest.approx({1: -0.19}) and losses["dense"][0] == pytest.approx((0.1, 0.1, 0.1))
+    # the loss axis ends the span (best -0.25 .. dense +0.1) above the worse reference
+    assert plots._loss_ceiling(losses, references) == pytest.approx(0.1 + 0.35)
+    raw, label = plots._losses(rows, {})
+    assert label == "val loss" and raw["routed"][0] == pytest.approx((2.115, 2.11, 2.12))
+    assert plots._loss_ceiling(raw, {}) is None
     plots.window(tmp_path / "window.png", [[(32, routed), (64, wide)]])
     plots.heatmap(tmp_path / "heatmap.png", "routed seed 1", per_head, "RLR")
     plots.val_curves(tmp_path / "curves.png", [(row.run, row.results[0]["val_history"]) for row in rows])
@@ -226,10 +251,11 @@ def test_a_summary_puts_records_side_by_side_from_their_rows_json(tmp_path, caps
                                                                                         "pareto.png"}
     table = open(os.path.join(out, folder, "table.md")).read()
     line = cells(table)["routed"]
-    # best fixed: dense 2.11; local 2.30, 2.26 at seeds 1, 2
-    assert line[:2] == ["routed", "RR"] and line[2:7] == ["2.160", "15.0%", "50%", "+0.050",
+    # best fixed: dense 2.10, 2.12; local 2.30, 2.26 at seeds 1, 2
+    worse = "+0.050 [+0.040, +0.060] worse on every seed"
+    assert line[:2] == ["routed", "RR"] and line[2:7] == ["2.160", "15.0%", "50%", worse,
                                                           "-0.120 [-0.140, -0.100] better on every seed"]
-    assert line[7:11] == ["3.160", "15.0%", "50%", "+0.050"] and "| bpe: val loss |" in table
+    assert line[7:11] == ["3.160", "15.0%", "50%", worse] and "| bpe: val loss |" in table
     assert cells(table)["dense"][5] == "best fixed"
     png = open(os.path.join(out, folder, "pareto.png"), "rb").read()
     assert png.startswith(b"\x89PNG") and 5_000 < len(png) < 200_000
