@@ -678,12 +678,16 @@ def paired_differences(row, ref):
     return [loss - ref_loss[seed] for seed, loss in row.losses().items() if seed in ref_loss]
 
 
+SMALLEST_DIFFERENCE = 0.0005  # a same-seed difference that prints as 0.000 is no difference
+
+
 def paired_verdict(diffs, min_seeds=2):
-    """'better' ('worse') where min_seeds or more same-seed differences all have that sign, else 'tie'; None
-    with fewer than min_seeds."""
+    """'better' ('worse') where min_seeds or more same-seed differences all have that sign (each at least
+    SMALLEST_DIFFERENCE), else 'tie'; None with fewer than min_seeds."""
     if len(diffs) < min_seeds:
         return None
-    return "better" if max(diffs) < 0 else "worse" if min(diffs) > 0 else "tie"
+    return "better" if max(diffs) <= -SMALLEST_DIFFERENCE else "worse" if min(diffs) >= SMALLEST_DIFFERENCE \
+        else "tie"
 
 
 def paired_text(row, ref):
@@ -760,7 +764,7 @@ def results_table(rows, references):
                      f"Best fixed: {best.run}, the schedule without routed layers with the lowest mean val loss.")
     notes.append("Same seed: val loss minus the reference's at each seed both ran (a seed fixes the backbone init "
                  "and the data order for every row), mean [min, max] over those seeds; better or worse only where "
-                 "every seed differs in the same direction, else a tie.")
+                 "every seed differs in the same direction by 0.0005 or more (prints as 0.001 or more), else a tie.")
     incomplete = [row.run for row in rows if not row.complete]
     if incomplete:
         notes.append(f"**Incomplete**: {', '.join(incomplete)} (a seed failed or has not run); their numbers are over "
@@ -816,7 +820,7 @@ def summary_table(grids):
     notes = ["", "Val loss on each grid's fixed validation windows, mean over the row's seeds with [min-max]; global: "
              "the routed layers' global decisions; attention FLOPs: ideal, vs an all-dense model of the same shape; "
              "same seed: val loss minus the reference's at each seed both ran, mean [min, max], better or worse "
-             "only where every seed differs in the same direction, else a tie. Best fixed: the schedule without "
+             "only where every seed differs in the same direction by 0.0005 or more, else a tie. Best fixed: the schedule without "
              "routed layers with the lowest mean same-seed difference to local."]
     for (title, rows, _), (_, best, _) in zip(grids, by_grid):
         if best:

@@ -196,6 +196,8 @@ def test_rows_are_compared_at_equal_seeds_when_some_ran_a_third():
     assert lines["routed"][11] == "-0.015 [-0.020, -0.010] better on every seed"
     assert lines["routed"][10] == "beats both" and lines["LLLG"][10] == "beats both"
     assert "rows ran different numbers of seeds" in results_table(rows, references)
+    assert grid.paired_verdict([0.0004, 0.003]) == "tie"  # prints as +0.000 at seed 1: no difference there
+    assert grid.paired_verdict([0.0006, 0.003]) == "worse" and grid.paired_verdict([-0.001, -0.002]) == "better"
 
 
 def test_plots_are_small_pngs_drawn_from_the_rows(tmp_path):
