@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import grid as grid_module
 import plots
 from configurator import parse_args_or_exit
-from grid import (GridError, describe, launches, load_grid, load_rows, plan, results_table, rows_of, run_jobs,
-                  summary_table, train_state, window_groups)
+from grid import (GridError, comparisons_table, describe, launches, load_grid, load_rows, plan, results_table,
+                  rows_of, run_jobs, summary_comparisons, summary_table, train_state, window_groups)
 
 
 @dataclass
@@ -138,12 +138,15 @@ def write_summary(records, cfg, argv):
     """RECORD_DIR/<date>_NAME/: the records' rows in one table (grid.summary_table) and one plot (one Pareto
     panel per record); returns its path and the table."""
     grids = [(os.path.basename(os.path.normpath(path)), *load_rows(path)) for path in records]
-    table = summary_table([(name, rows, references) for _, name, references, rows in grids])
+    table = summary_table([(name, rows, references) for _, name, references, rows, _ in grids])
+    compared = summary_comparisons([(name, rows, comparisons) for _, name, _, rows, comparisons in grids])
+    if compared:
+        table += "\n" + compared
     record = new_record_dir(cfg.record_dir, cfg.summary)
     with open(os.path.join(record, "table.md"), "w") as f:
         f.write(table)
-    plots.pareto_panels(os.path.join(record, "pareto.png"), [(name, rows, refs) for _, name, refs, rows in grids])
-    sources = [f"- [{folder}](../{folder}/): grid {name}" for folder, name, _, _ in grids]
+    plots.pareto_panels(os.path.join(record, "pareto.png"), [(name, rows, refs) for _, name, refs, rows, _ in grids])
+    sources = [f"- [{folder}](../{folder}/): grid {name}" for folder, name, _, _, _ in grids]
     lines = [f"# Summary {cfg.summary}", "", f"Date: {time.strftime('%Y-%m-%d')}. Written by compare.py from the "
              "records below (their rows.json); the runs, budgets and commands are in each record.", "",
              "## Command", "", "```bash", shlex.join(["python", "compare.py", *argv]), "```", "",
@@ -204,6 +207,9 @@ def main(argv):
         return 130
     rows = rows_of(jobs, status)
     table = results_table(rows, grid.references)
+    if grid.comparisons:
+        table += "\nComparisons (the grid file's): val loss of the first run minus the other's at the same seed.\n\n" \
+            + comparisons_table(rows, grid.comparisons)
     record = write_record(grid, jobs, rows, table, cfg, argv, time.time() - started)
     print(table)
     print(f"record: {record}")

@@ -15,10 +15,13 @@ A grid file (configs/grids/NAME.py) is plain Python; its docstring says what que
     }
     references = {"local": "local", "dense": "dense"}   # optional: the rows of gap recovery (default: so named)
     evaluate = {"eval_tokens": 65536}                   # optional: evaluate.py options for every run
+    comparisons = {"learned vs random routing": ("routed", "random")}  # optional: question -> (run, other run)
 
 "run:NAME" (init_from) is the checkpoint of run NAME with the same seed; "matched:NAME" (random_global_q) the
 per-layer global fractions of NAME's evaluation, same seed. Either makes NAME run first. A run's "seeds" key
-replaces the grid's seeds for that run. Run NAME at seed S trains in OUT/GRID/NAME__seed_S.
+replaces the grid's seeds for that run. Run NAME at seed S trains in OUT/GRID/NAME__seed_S. Each of
+"comparisons" becomes a line of the record's comparisons table: the first run's val loss minus the other's at
+the same seed (the pairs the grid's conclusions rest on).
 """
 import ast
 import dataclasses
@@ -41,7 +44,7 @@ from train_config import TrainConfig
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 TRAIN_PY, EVALUATE_PY = os.path.join(ROOT, "train.py"), os.path.join(ROOT, "evaluate.py")
-GRID_KEYS = {"base", "common", "seeds", "runs", "references", "evaluate"}
+GRID_KEYS = {"base", "common", "seeds", "runs", "references", "evaluate", "comparisons"}
 RUNNER_KEYS = {"out_dir", "seed"}  # the runner sets these for each run
 SPECIAL = {"run:": "init_from", "matched:": "random_global_q"}  # prefix -> the one key it may be given to
 KEEP_TRAINING_KEYS = {"max_iters"}  # may change between launches of a run: resuming continues to the new value
@@ -64,6 +67,7 @@ class Grid:
     run_seeds: dict       # name -> seeds of that run
     references: dict      # {"local": run name, "dense": run name}, either may be missing
     evaluate: dict        # evaluate.py options
+    comparisons: dict = dataclasses.field(default_factory=dict)  # question -> (run, other run)
 
 
 @dataclasses.dataclass
@@ -170,8 +174,19 @@ def load_grid(path):
     evaluate = values.get("evaluate") or {}
     if not isinstance(evaluate, dict):
         raise GridError(f"{path}: evaluate must be a dict of evaluate.py options (e.g. {{'eval_tokens': 65536}})")
+    comparisons = values.get("comparisons") or {}
+    pairs_ok = isinstance(comparisons, dict) and all(
+        isinstance(q, str) and isinstance(pair, (tuple, list)) and len(pair) == 2 for q, pair in comparisons.items())
+    if not pairs_ok:
+        raise GridError(f"{path}: comparisons must be a dict of question -> (run, other run), e.g. "
+                        f"{{'learned vs random routing': ('routed', 'random')}}")
+    for question, pair in comparisons.items():
+        missing = [name for name in pair if name not in runs]
+        if missing or pair[0] == pair[1]:
+            raise GridError(f"{path}: comparisons[{question!r}] = {tuple(pair)!r}: "
+                            + (f"{', '.join(map(repr, missing))} is not a run" if missing else "name two runs"))
     grid = Grid(os.path.splitext(os.path.basename(path))[0], path, grid_doc(source), base, common, seeds, runs,
-                run_seeds, references, evaluate)
+                run_seeds, references, evaluate, {q: tuple(pair) for q, pair in comparisons.items()})
     run_order(grid)  # reports cycles
     return grid
 
@@ -772,20 +787,55 @@ def results_table(rows, references):
     return "\n".join(lines + notes) + "\n"
 
 
+def comparisons_table(rows, comparisons):
+    """The comparisons table: per question, the first run's val loss minus the other's at the same seed
+    (paired_text). '' without comparisons."""
+    if not comparisons:
+        return ""
+    by_name = {row.run: row for row in rows}
+    lines = ["| question | runs | val loss difference, same seed |", "|---|---|---|"]
+    for question, (run, other) in comparisons.items():
+        cell = paired_text(by_name[run], by_name[other]) if run in by_name and other in by_name else "missing"
+        lines.append(f"| {question} | {run} - {other} | {cell} |")
+    return "\n".join(lines) + "\n"
+
+
 def save_rows(path, grid, rows):
-    """rows.json of a record: the grid's name and references and every row with its per-seed results, so that
-    tables and plots can be drawn again from the record alone (load_rows)."""
-    write_json(path, {"grid": grid.name, "references": grid.references, "rows": [dataclasses.asdict(r) for r in rows]})
+    """rows.json of a record: the grid's name, references and comparisons and every row with its per-seed
+    results, so that tables and plots can be drawn again from the record alone (load_rows)."""
+    write_json(path, {"grid": grid.name, "references": grid.references,
+                      "comparisons": {q: list(pair) for q, pair in grid.comparisons.items()},
+                      "rows": [dataclasses.asdict(r) for r in rows]})
 
 
 def load_rows(record):
-    """(grid name, references, rows) from a record folder that compare.py wrote."""
+    """(grid name, references, rows, comparisons) from a record folder that compare.py wrote (records written
+    before comparisons existed have none)."""
     path = os.path.join(record, "rows.json")
     saved = read_json(path)
     if not saved:
         raise GridError(f"{path} not found or not JSON: name a record folder that compare.py wrote "
                         f"(results/<date>_<grid>)")
-    return saved["grid"], saved["references"], [Row(**row) for row in saved["rows"]]
+    return (saved["grid"], saved["references"], [Row(**row) for row in saved["rows"]],
+            {q: tuple(pair) for q, pair in saved.get("comparisons", {}).items()})
+
+
+def summary_comparisons(grids):
+    """The comparisons of several grids in one table, a column per grid: every grid's questions, each answered
+    by every grid that has both its runs ('-' where one lacks them; a record written before comparisons existed
+    answers the others' questions too). grids: [(title, rows, comparisons)]."""
+    questions = list(dict.fromkeys((q, pair) for _, _, comparisons in grids for q, pair in comparisons.items()))
+    if not questions:
+        return ""
+    lines = ["| question | runs | " + " | ".join(f"{title}: same seed" for title, _, _ in grids) + " |",
+             "|" + "---|" * (2 + len(grids))]
+    for question, (run, other) in questions:
+        cells = []
+        for _, rows, _ in grids:
+            by_name = {row.run: row for row in rows}
+            cells.append(paired_text(by_name[run], by_name[other]) if run in by_name and other in by_name else "-")
+        lines.append(f"| {question} | {run} - {other} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def summary_table(grids):
@@ -820,8 +870,8 @@ def summary_table(grids):
     notes = ["", "Val loss on each grid's fixed validation windows, mean over the row's seeds with [min-max]; global: "
              "the routed layers' global decisions; attention FLOPs: ideal, vs an all-dense model of the same shape; "
              "same seed: val loss minus the reference's at each seed both ran, mean [min, max], better or worse "
-             "only where every seed differs in the same direction by 0.0005 or more, else a tie. Best fixed: the schedule without "
-             "routed layers with the lowest mean same-seed difference to local."]
+             "only where every seed differs in the same direction by 0.0005 or more, else a tie. Best fixed: the "
+             "schedule without routed layers with the lowest mean same-seed difference to local."]
     for (title, rows, _), (_, best, _) in zip(grids, by_grid):
         if best:
             notes.append(f"{title}: best fixed schedule {best.run} ({fmt_loss(best.stat('val_loss'))}).")

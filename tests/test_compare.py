@@ -49,6 +49,9 @@ def test_plan_puts_a_dependency_first_and_points_init_from_at_its_checkpoint(tmp
     ({"a": {}}, "refrences = {}", "unknown grid setting(s) refrences"),
     ({"a": {}}, "references = {'local': 'b'}", "references['local'] = 'b' is not a run"),
     ({"a": {"init_from": "run:b", "seeds": [3]}, "b": {}}, "", "needs b at seed 3"),
+    ({"a": {}}, "comparisons = {'x': ('a', 'b')}", "comparisons['x'] = ('a', 'b'): 'b' is not a run"),
+    ({"a": {}}, "comparisons = {'x': 'a'}", "comparisons must be a dict of question -> (run, other run)"),
+    ({"a": {}}, "comparisons = {'x': ('a', 'a')}", "name two runs"),
 ])
 def test_bad_grid_files_get_one_line_errors(tmp_path, runs, extra, message):
     path = write_grid(tmp_path / "bad.py", runs, extra=extra)
@@ -200,6 +203,20 @@ def test_rows_are_compared_at_equal_seeds_when_some_ran_a_third():
     assert grid.paired_verdict([0.0006, 0.003]) == "worse" and grid.paired_verdict([-0.001, -0.002]) == "better"
 
 
+def test_the_comparisons_table_gives_each_question_its_same_seed_difference(tmp_path):
+    rows = [Row("local", "fixed", "L", [1, 2], [result(1, 2.00), result(2, 2.10)]),
+            Row("routed", "routed", "R", [1, 2], [result(1, 1.98), result(2, 2.07)]),
+            Row("random", "random", "R", [1], [result(1, 2.05)])]
+    comparisons = {"learned vs local": ("routed", "local"), "learned vs random": ("routed", "random"),
+                   "learned vs dense": ("routed", "dense")}
+    lines = cells(grid.comparisons_table(rows, comparisons))
+    assert lines["learned vs local"][1:] == ["routed - local", "-0.025 [-0.030, -0.020] better on every seed"]
+    assert lines["learned vs random"][2] == "-0.070 (1 seed)" and lines["learned vs dense"][2] == "missing"
+    assert grid.comparisons_table(rows, {}) == ""
+    path = write_grid(tmp_path / "g.py", {"routed": {}, "local": {}}, extra=f"comparisons = {{'q': ['routed', 'local']}}")
+    assert load_grid(path).comparisons == {"q": ("routed", "local")}
+
+
 def test_plots_are_small_pngs_drawn_from_the_rows(tmp_path):
     import plots
     sweep = [{"threshold": t, "val_loss": 2.0 + t, "global_frac": 1 - t, "attention_flop_frac_ideal": 1 - t,
@@ -242,10 +259,12 @@ def test_a_summary_puts_records_side_by_side_from_their_rows_json(tmp_path, caps
     for name, shift in (("bytes", 0.0), ("bpe", 1.0)):
         records.append(str(tmp_path / f"2026-01-01_{name}"))
         os.makedirs(records[-1])
-        g = grid.Grid(name, "", "", [], {}, [1, 2], {}, {}, {"local": "local", "dense": "dense"}, {})
+        asked = {"learned vs local": ("routed", "local")} if name == "bytes" else {}
+        g = grid.Grid(name, "", "", [], {}, [1, 2], {}, {}, {"local": "local", "dense": "dense"}, {}, asked)
         grid.save_rows(os.path.join(records[-1], "rows.json"), g, rows(shift))
-    name, references, loaded = grid.load_rows(records[1])
+    name, references, loaded, comparisons = grid.load_rows(records[1])
     assert name == "bpe" and references == {"local": "local", "dense": "dense"} and loaded == rows(1.0)
+    assert comparisons == {} and grid.load_rows(records[0])[3] == {"learned vs local": ("routed", "local")}
     out = str(tmp_path / "results")
     assert compare.main(["--summary=both", *records, f"--record_dir={out}"]) == 0
     (folder,) = os.listdir(out)
@@ -259,6 +278,9 @@ def test_a_summary_puts_records_side_by_side_from_their_rows_json(tmp_path, caps
                                                           "-0.120 [-0.140, -0.100] better on every seed"]
     assert line[7:11] == ["3.160", "15.0%", "50%", worse] and "| bpe: val loss |" in table
     assert cells(table)["dense"][5] == "best fixed"
+    # the comparisons: bytes asks one question, bpe none, and bpe answers it too (it has both runs)
+    better = "-0.120 [-0.140, -0.100] better on every seed"
+    assert cells(table)["learned vs local"][1:] == ["routed - local", better, better]
     png = open(os.path.join(out, folder, "pareto.png"), "rb").read()
     assert png.startswith(b"\x89PNG") and 5_000 < len(png) < 200_000
     with pytest.raises(SystemExit, match="rows.json not found"):
@@ -294,7 +316,8 @@ def test_grid_runs_skips_what_is_complete_resumes_what_is_not_and_writes_the_rec
     out, records = str(tmp_path / "out"), str(tmp_path / "results")
     runs = {"local": {"schedule": "L"}, "routed": {"schedule": "R"},
             "broken": {"schedule": "G", "trainable": "router"}}  # train.py refuses it at start
-    evaluate = "evaluate = {'eval_tokens': 512, 'thresholds': [0.3, 0.7], 'device': 'cpu'}\n"
+    evaluate = "evaluate = {'eval_tokens': 512, 'thresholds': [0.3, 0.7], 'device': 'cpu'}\n" \
+        "comparisons = {'routed vs local': ('routed', 'local')}\n"
     path = write_grid(tmp_path / "two.py", runs, {**TINY, "data_dir": str(tiny_corpus)}, extra=evaluate)
     argv = [path, "--jobs=2", f"--out={out}", f"--record_dir={records}"]
     assert compare.main(argv) == 1  # broken failed: the grid is incomplete
@@ -311,6 +334,7 @@ def test_grid_runs_skips_what_is_complete_resumes_what_is_not_and_writes_the_rec
             "heatmap_routed.png"} <= files
     table = open(os.path.join(records, record, "table.md")).read()
     assert "| broken | GG | 0 of 1 (seed 1 failed: train.py exited with 1" in table and "**Incomplete**" in table
+    assert cells(table)["routed vs local"][1] == "routed - local" and "(1 seed)" in cells(table)["routed vs local"][2]
     readme = open(os.path.join(records, record, "README.md")).read()
     assert "A test grid: does the runner work?" in readme and "python compare.py " + path in readme
     assert "step 6: val loss" in readme  # the final log lines

@@ -1,5 +1,6 @@
-"""The rows of the stdlib comparison grids (stdlib_bytes.py, stdlib_bpe.py), written once; a module, not a grid (the leading _): each grid file
-calls comparison_runs with its number of steps.
+"""The rows of the stdlib comparison grids (stdlib_bytes.py, stdlib_bpe.py), written once; a module, not a grid
+(the leading _): each grid file calls comparison_runs with its number of steps and takes COMPARISONS, the pairs
+of rows the grid's questions are answered by (val loss of the first minus the other's at the same seed).
 
 At 6 layers LLLG repeats to LLLGLL: one global layer like LLLLLG (layer 3 against layer 5), so both cost 1/6 of
 the global attention, and the budget-targeted routed runs aim at 1/2 (LG) and 1/6 (LLLG, LLLLLG).
@@ -38,3 +39,19 @@ def comparison_runs(steps, core_seeds):
         "routed_w64": {"schedule": "R", "window": 64},
         "routed_w128": {"schedule": "R", "window": 128},
     }
+
+
+COMPARISONS = {
+    "learned routing vs local": ("routed", "local"),
+    "learned routing vs dense": ("routed", "dense"),
+    "learned vs random routing, same per-layer rates": ("routed", "random_matched"),
+    "at LG's attention cost: learned vs LG": ("routed_at_LG", "LG"),
+    "at LLLG's attention cost: learned vs LLLG": ("routed_at_LLLG", "LLLG"),
+    "at LLLG's attention cost: learned vs LLLLLG": ("routed_at_LLLG", "LLLLLG"),
+    "... with a per-layer target, vs LLLG": ("routed_at_LLLG_per_layer", "LLLG"),
+    "at w = 16: learned routing vs local": ("routed_w16", "local_w16"),
+    "fine-tuned vs from scratch, equal tokens": ("finetuned", "routed"),
+    "only the routers trained vs their dense start": ("finetuned_routers", "dense_half"),
+    "sparse-mode vs exact-mode training": ("routed_sparse", "routed"),
+    "... with a per-layer target": ("routed_sparse_target", "routed"),
+}

@@ -21,7 +21,7 @@ change it to trade time for tokens.
     python data/python_stdlib/prepare.py --encoding=gpt2 --out_dir=data/python_stdlib_gpt2
     python compare.py configs/grids/stdlib_bpe.py --jobs=2
 """
-from configs.grids._stdlib_rows import comparison_runs
+from configs.grids._stdlib_rows import COMPARISONS as comparisons, comparison_runs
 
 _N = 100           # steps of a run from scratch; fine-tuned: _N // 2 dense steps, then _N // 2 routed
 _CORE = [1, 2, 3]  # the rows the conclusions rest on get a third seed

@@ -21,7 +21,7 @@ change it to trade time for tokens.
     python data/python_stdlib/prepare.py
     python compare.py configs/grids/stdlib_bytes.py --jobs=2
 """
-from configs.grids._stdlib_rows import comparison_runs
+from configs.grids._stdlib_rows import COMPARISONS as comparisons, comparison_runs
 
 _N = 250           # steps of a run from scratch; fine-tuned: _N // 2 dense steps, then _N // 2 routed
 _CORE = [1, 2, 3]  # the rows the conclusions rest on get a third seed
