@@ -49,18 +49,22 @@ def log_tail(path, n=3):
     return lines[-n:]
 
 
-def budget_lines(grid, jobs, cfg, elapsed):
+def budget_lines(grid, jobs, cfg, started, elapsed):
     """The record's budget: trainings, steps, tokens, and the process hours the runs took."""
     tokens = sum(j.tcfg.max_iters * j.tcfg.batch_size * j.tcfg.grad_accum * j.mcfg.block_size for j in jobs)
     wall = {step: sum(run["wall_s"] for j in jobs for run in launches(j.out_dir) if run["step"] == step)
             for step in ("train", "evaluate")}
     steps = sorted({j.tcfg.max_iters for j in jobs})
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started))  # launches.json's format
+    launched = sum(run["started"] >= since for j in jobs for run in launches(j.out_dir))
     return [f"- {len(grid.runs)} runs, {len(jobs)} trainings (seeds {', '.join(map(str, grid.seeds))}"
             f"{'; some runs set their own' if any(s != grid.seeds for s in grid.run_seeds.values()) else ''}); "
             f"steps per run: {', '.join(map(str, steps))}; {tokens / 1e6:.1f}M training tokens in all.",
             f"- Process time: training {wall['train'] / 3600:.2f} h, evaluation {wall['evaluate'] / 3600:.2f} h "
             f"(summed over every process the runner started for these runs, earlier invocations included); "
-            f"this invocation: {elapsed / 3600:.2f} h wall with --jobs={cfg.jobs}.",
+            + (f"this invocation: {launched} processes, {elapsed / 3600:.2f} h wall with --jobs={cfg.jobs}." if launched
+               else "this invocation started no process (every run was complete and evaluated): the record is drawn "
+                    "from the runs' files."),
             f"- Machine: {platform.machine()}, {os.cpu_count()} CPU cores, one thread per process "
             f"(OMP_NUM_THREADS=1); Python {platform.python_version()}."]
 
@@ -93,7 +97,7 @@ def val_curves(jobs, rows):
     return curves
 
 
-def write_record(grid, jobs, rows, table, cfg, argv, elapsed):
+def write_record(grid, jobs, rows, table, cfg, argv, started, elapsed):
     """RECORD_DIR/<date>_<grid>/ with README.md, table.md, the grid file and the plots; returns its path."""
     record = new_record_dir(cfg.record_dir, grid.name)
     with open(os.path.join(record, "table.md"), "w") as f:
@@ -119,7 +123,7 @@ def write_record(grid, jobs, rows, table, cfg, argv, elapsed):
              f"Grid file: [{os.path.basename(grid.path)}]({os.path.basename(grid.path)}) (a copy). Each run trains "
              f"in `{os.path.join(cfg.out, grid.name)}/RUN__seed_S/` (train.log, TensorBoard events under tb/, "
              f"ckpt.pt, train_summary.json, eval.json).", "",
-             "## Budget", "", *budget_lines(grid, jobs, cfg, elapsed), "",
+             "## Budget", "", *budget_lines(grid, jobs, cfg, started, elapsed), "",
              "## Results", "", "[table.md](table.md):", "", table, "",
              "## Plots", "",
              "![val loss against attention FLOPs](pareto.png)", "",
@@ -210,7 +214,7 @@ def main(argv):
     if grid.comparisons:
         table += "\nComparisons (the grid file's): val loss of the first run minus the other's at the same seed.\n\n" \
             + comparisons_table(rows, grid.comparisons)
-    record = write_record(grid, jobs, rows, table, cfg, argv, time.time() - started)
+    record = write_record(grid, jobs, rows, table, cfg, argv, started, time.time() - started)
     print(table)
     print(f"record: {record}")
     unfinished = [job.label for job in jobs if status.get(job.key) != "ok"]

@@ -338,6 +338,7 @@ def test_grid_runs_skips_what_is_complete_resumes_what_is_not_and_writes_the_rec
     readme = open(os.path.join(records, record, "README.md")).read()
     assert "A test grid: does the runner work?" in readme and "python compare.py " + path in readme
     assert "step 6: val loss" in readme  # the final log lines
+    assert "this invocation: 5 processes" in readme  # local and routed: train, evaluate; broken: train
 
     logs = {run: os.path.getmtime(os.path.join(jobs[run].out_dir, "train.log")) for run in ("local", "routed")}
     launched = {run: len(grid.launches(jobs[run].out_dir)) for run in ("local", "routed")}
@@ -363,6 +364,9 @@ def test_grid_runs_skips_what_is_complete_resumes_what_is_not_and_writes_the_rec
     summary = json.load(open(os.path.join(jobs["routed"].out_dir, "train_summary.json")))
     assert summary["complete"] and summary["iter_num"] == 9
     assert [step for step, _ in summary["val_history"]] == [0, 3, 6, 6, 9]  # the first launch's evals, then more
+    assert "this invocation: 2 processes" in open(os.path.join(records, record + "_2", "README.md")).read()
+    assert compare.main(argv) == 0  # everything complete: the record is drawn again from the runs' files
+    assert "this invocation started no process" in open(os.path.join(records, record + "_3", "README.md")).read()
 
     runs["routed"]["router_lambda"] = 0.5  # another command for a trained run folder: refused, nothing runs
     write_grid(tmp_path / "two.py", runs, {**TINY, "data_dir": str(tiny_corpus)}, extra=evaluate)
