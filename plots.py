@@ -45,7 +45,7 @@ def pareto(path, rows, references=None):
     """Val loss against ideal attention FLOPs: every fixed schedule and random run a point with its seed range
     as error bars, every routed run its threshold-sweep curves (one thin line per seed) and its trained point.
     With a local reference, val loss is measured from local's at the same seed (_losses).
-    The loss axis ends a little above the worse of the references (local, dense): a run above it is named
+    The loss axis ends as far above the worse reference as the best run is below it: a run above that is named
     in the legend with its loss, off the plot, so that it does not squash the runs that compete."""
     fig, ax = _axes(WIDE)
     _pareto_points(ax, rows, {row.run: _color(i) for i, row in enumerate(rows)}, references)
