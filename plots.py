@@ -59,10 +59,10 @@ def pareto_panels(path, panels):
     in all."""
     names = list(dict.fromkeys(row.run for _, rows, _ in panels for row in rows))
     colors = {name: _color(i) for i, name in enumerate(names)}
-    fig = Figure(figsize=(4.2 * len(panels) + 2.0, 4.6))
+    fig = Figure(figsize=(4.2 * len(panels) + 2.6, 4.6))
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     for ax, (title, rows, references) in zip(axes, panels):
-        _pareto_points(ax, rows, colors, references)
+        _pareto_points(ax, rows, colors, references, loss_in_legend=False)  # one legend: no per-panel values
         ax.set_title(title, fontsize=9)
     handles = {}
     for ax in axes:
@@ -70,7 +70,7 @@ def pareto_panels(path, panels):
             handles.setdefault(label, handle)
     fig.suptitle(f"val loss against attention cost ({PARETO_TITLE})", fontsize=9)
     fig.legend(list(handles.values()), list(handles), fontsize=7, loc="center right")
-    fig.tight_layout(rect=(0, 0, 1 - 1.9 / fig.get_figwidth(), 1))
+    fig.tight_layout(rect=(0, 0, 1 - 2.5 / fig.get_figwidth(), 1))
     fig.savefig(path, dpi=DPI)
 
 
@@ -101,7 +101,7 @@ def _loss_ceiling(losses, references):
     return 2 * max(refs) - min(means)
 
 
-def _pareto_points(ax, rows, colors, references=None):
+def _pareto_points(ax, rows, colors, references=None, loss_in_legend=True):
     losses, label = _losses(rows, references)
     ceiling = _loss_ceiling(losses, references)
     offset = label != "val loss"
@@ -111,9 +111,8 @@ def _pareto_points(ax, rows, colors, references=None):
             continue
         color = colors[row.run]
         if ceiling is not None and loss[0] > ceiling:
-            ax.plot([], [], MARKERS[row.kind], color=color, ms=5,
-                    label=f"{row.run} ({loss[0]:+.3f}, off the plot)" if offset else
-                    f"{row.run} ({loss[0]:.3f}, off the plot)")
+            value = (f"{loss[0]:+.3f}, " if offset else f"{loss[0]:.3f}, ") if loss_in_legend else ""
+            ax.plot([], [], MARKERS[row.kind], color=color, ms=5, label=f"{row.run} ({value}off the plot)")
             continue
         if row.kind == "routed":
             for result in row.results:
