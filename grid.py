@@ -639,10 +639,11 @@ def fmt_bytes(n):
 
 def common_seed_means(rows):
     """Each row's mean val loss over the seeds that every one of them completed; None without a common seed."""
-    seeds = set.intersection(*(set(row.losses()) for row in rows))
+    losses = [row.losses() for row in rows]
+    seeds = set.intersection(*map(set, losses))
     if not seeds:
         return None
-    return [sum(row.losses()[s] for s in seeds) / len(seeds) for row in rows]
+    return [sum(by_seed[s] for s in seeds) / len(seeds) for by_seed in losses]
 
 
 def dense_beats_local(local_row, dense_row):
@@ -686,11 +687,16 @@ def versus_best_fixed(row, best):
     return paired_text(row, best)
 
 
-def paired_differences(row, ref):
-    """Val loss minus ref's at the same seed (same backbone init, same data order), one per seed both
+def paired_by_seed(row, ref):
+    """{seed: val loss minus ref's at that seed} (same backbone init, same data order), for each seed both
     completed. At equal init a seed's difference varies far less than either row's loss does over seeds."""
     ref_loss = ref.losses()
-    return [loss - ref_loss[seed] for seed, loss in row.losses().items() if seed in ref_loss]
+    return {seed: loss - ref_loss[seed] for seed, loss in row.losses().items() if seed in ref_loss}
+
+
+def paired_differences(row, ref):
+    """paired_by_seed's differences, in seed order of row's results."""
+    return list(paired_by_seed(row, ref).values())
 
 
 SMALLEST_DIFFERENCE = 0.0005  # a same-seed difference that prints as 0.000 is no difference
@@ -787,16 +793,20 @@ def results_table(rows, references):
     return "\n".join(lines + notes) + "\n"
 
 
+def comparison_cell(by_name, run, other, absent):
+    """run's val loss minus other's at the same seed (paired_text); absent where the grid lacks either."""
+    return paired_text(by_name[run], by_name[other]) if run in by_name and other in by_name else absent
+
+
 def comparisons_table(rows, comparisons):
-    """The comparisons table: per question, the first run's val loss minus the other's at the same seed
-    (paired_text). '' without comparisons."""
+    """The comparisons table: per question, the first run's val loss minus the other's at the same seed.
+    '' without comparisons."""
     if not comparisons:
         return ""
     by_name = {row.run: row for row in rows}
     lines = ["| question | runs | val loss difference, same seed |", "|---|---|---|"]
     for question, (run, other) in comparisons.items():
-        cell = paired_text(by_name[run], by_name[other]) if run in by_name and other in by_name else "missing"
-        lines.append(f"| {question} | {run} - {other} | {cell} |")
+        lines.append(f"| {question} | {run} - {other} | {comparison_cell(by_name, run, other, 'missing')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -829,11 +839,9 @@ def summary_comparisons(grids):
         return ""
     lines = ["| question | runs | " + " | ".join(f"{title}: same seed" for title, _, _ in grids) + " |",
              "|" + "---|" * (2 + len(grids))]
+    by_grid = [{row.run: row for row in rows} for _, rows, _ in grids]
     for question, (run, other) in questions:
-        cells = []
-        for _, rows, _ in grids:
-            by_name = {row.run: row for row in rows}
-            cells.append(paired_text(by_name[run], by_name[other]) if run in by_name and other in by_name else "-")
+        cells = [comparison_cell(by_name, run, other, "-") for by_name in by_grid]
         lines.append(f"| {question} | {run} - {other} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

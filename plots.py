@@ -7,7 +7,7 @@ import matplotlib
 from matplotlib.figure import Figure
 from matplotlib.ticker import PercentFormatter
 
-from grid import spread
+from grid import paired_by_seed, spread
 
 FIGSIZE, WIDE, DPI = (6.4, 4.2), (8.4, 4.6), 100  # WIDE: room for a legend of up to 20 runs beside the plot
 MARKERS = {"fixed": "s", "random": "^", "routed": "o"}
@@ -82,10 +82,9 @@ def _losses(rows, references):
     anchor = {row.run: row for row in rows}.get((references or {}).get("local"))
     if anchor is None or not anchor.losses():
         return {row.run: (row.stat("val_loss"), row.losses()) for row in rows}, "val loss"
-    base = anchor.losses()
     scaled = {}
     for row in rows:
-        by_seed = {seed: loss - base[seed] for seed, loss in row.losses().items() if seed in base}
+        by_seed = paired_by_seed(row, anchor)
         scaled[row.run] = (spread(list(by_seed.values())), by_seed)
     return scaled, f"val loss minus {anchor.run}'s, same seed"
 
