@@ -12,7 +12,7 @@ and the plots, per seed), the grid file and the plots.
 --dry_run prints the plan: each run's command and whether it will be trained, resumed or skipped.
 --summary=NAME puts several records (grids with the same runs, e.g. one per corpus) side by side in one table
 and one plot: RECORD_DIR/<date>_NAME/ with README.md, table.md and pareto.png, drawn from their rows.json.
-Exit code 0 only when every run of the grid finished and was evaluated. The grid file format: grid.py.
+Exit code 0 only when every run of the grid finished and was evaluated. The grid file format: nanoaha/grid.py.
 """
 import os
 import platform
@@ -23,10 +23,10 @@ import sys
 import time
 from dataclasses import dataclass
 
-import grid as grid_module
-import plots
-from configurator import parse_args_or_exit
-from grid import (GridError, comparisons_table, describe, launches, load_grid, load_rows, plan, results_table,
+from nanoaha import grid as grid_module
+from nanoaha import plots
+from nanoaha.configurator import parse_args_or_exit
+from nanoaha.grid import (GridError, comparisons_table, describe, launches, load_grid, load_rows, plan, results_table,
                   rows_of, run_jobs, summary_comparisons, summary_table, train_state, window_groups)
 
 
@@ -171,7 +171,7 @@ def stop_grid(signum, frame):
 
 def main(argv):
     paths = [arg for arg in argv if not arg.startswith("--")]
-    (cfg,) = parse_args_or_exit([arg for arg in argv if arg.startswith("--")], CompareConfig)
+    (cfg,) = parse_args_or_exit([arg for arg in argv if arg.startswith("-")], CompareConfig, usage=__doc__)
     if cfg.summary:
         if not paths:
             sys.exit("--summary=NAME: name the record folders to put side by side (results/<date>_<grid> ...)")

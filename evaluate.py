@@ -14,9 +14,9 @@ import os
 import sys
 from dataclasses import dataclass
 
-from atomic_files import write_json
-from configurator import parse_args_or_exit
-from evaluation import (DEFAULT_EVAL_TOKENS, DEFAULT_THRESHOLDS, check_thresholds, evaluate_checkpoint,
+from nanoaha.atomic_files import write_json
+from nanoaha.configurator import parse_args_or_exit
+from nanoaha.evaluation import (DEFAULT_EVAL_TOKENS, DEFAULT_THRESHOLDS, check_thresholds, evaluate_checkpoint,
                         find_checkpoints, format_result, markdown_table, run_name, trained_data_dir)
 
 
@@ -36,7 +36,7 @@ class EvalConfig:
 
 def main(argv):
     paths = [arg for arg in argv if not arg.startswith("--")]
-    (cfg,) = parse_args_or_exit([arg for arg in argv if arg.startswith("--")], EvalConfig)
+    (cfg,) = parse_args_or_exit([arg for arg in argv if arg.startswith("-")], EvalConfig, usage=__doc__)
     if not paths:
         sys.exit("name at least one checkpoint: python evaluate.py CKPT_OR_DIR [CKPT_OR_DIR ...] [--key=value ...]")
     thresholds = [cfg.thresholds] if isinstance(cfg.thresholds, float) else list(cfg.thresholds)

@@ -3,7 +3,7 @@
 Where things are:
 - Router.forward              per-head router: logits from the layer input, sigmoid, hard threshold, STE
 - GPT.forward                 loss = LM loss + penalty_weight * mean router probability (the L1 penalty)
-- routing_stats.py            global fraction, mean p, ideal and computed attention FLOPs per layer and head
+- nanoaha/routing_stats.py    global fraction, mean p, ideal and computed attention FLOPs per layer and head
 - kernels.attention.attention the one attention entry point (reference / torch / triton backends)
 """
 import math

@@ -7,9 +7,9 @@ any other (evaluate.py, sample.py); fine-tune it with train.py --init_from=NEW_D
 import sys
 from dataclasses import dataclass
 
-from configurator import parse_args_or_exit
-from evaluation import DEFAULT_EVAL_TOKENS, pct
-from pruning import prune
+from nanoaha.configurator import parse_args_or_exit
+from nanoaha.evaluation import DEFAULT_EVAL_TOKENS, pct
+from nanoaha.pruning import prune
 
 
 @dataclass
@@ -45,7 +45,7 @@ def format_report(r, dtype):
 
 def main(argv):
     paths = [arg for arg in argv if not arg.startswith("--")]
-    (cfg,) = parse_args_or_exit([arg for arg in argv if arg.startswith("--")], PruneConfig)
+    (cfg,) = parse_args_or_exit([arg for arg in argv if arg.startswith("-")], PruneConfig, usage=__doc__)
     if len(paths) != 1:
         sys.exit("name one checkpoint: python prune.py CKPT_DIR --out_dir=NEW_DIR [--min_global_frac=0.05]")
     try:

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 
 import torch
 
-from checkpoint import load_model
-from configurator import parse_args_or_exit, run_main
+from nanoaha.checkpoint import load_model
+from nanoaha.configurator import parse_args_or_exit, run_main
 from data.tokens import codec
-from device import pick_device
-from routing_stats import global_heads_per_token
+from nanoaha.device import pick_device
+from nanoaha.routing_stats import global_heads_per_token
 
 
 @dataclass
@@ -60,7 +60,7 @@ def format_timings(t):
 
 
 def main(argv):
-    (cfg,) = parse_args_or_exit(argv, SampleConfig)
+    (cfg,) = parse_args_or_exit(argv, SampleConfig, usage=__doc__)
     device = pick_device(cfg.device)
     model, meta = load_model(cfg.out_dir, device, cfg.router_threshold)
     encode, decode = codec(meta["encoding"], meta.get("chars"))

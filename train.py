@@ -3,7 +3,7 @@
     python train.py configs/quickstart.py [--key=value ...]              # one CPU or GPU
     torchrun --standalone --nproc_per_node=8 train.py configs/NAME.py     # DDP
 
-Every setting is a field of train_config.TrainConfig or of model.GPTConfig.
+Every setting is a field of nanoaha/train_config.TrainConfig or of model.GPTConfig (--help lists them).
 """
 import math
 import os
@@ -19,19 +19,19 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from atomic_files import write_json
-from checkpoint import (BEST_NAME, load_checkpoint, load_model_state, load_resume_checkpoint, save_best,
+from nanoaha.atomic_files import write_json
+from nanoaha.checkpoint import (BEST_NAME, load_checkpoint, load_model_state, load_resume_checkpoint, save_best,
                         save_checkpoint)
-from configurator import parse_args_or_exit, run_main
+from nanoaha.configurator import parse_args_or_exit, run_main
 from data.loader import TokenData
-from device import autocast_context, peak_flops, pick_device, pick_dtype
-from evaluation import evaluate_loss
-from gpt2_weights import gpt2_state_dict, is_pretrained
+from nanoaha.device import autocast_context, peak_flops, pick_device, pick_dtype
+from nanoaha.evaluation import evaluate_loss
+from nanoaha.gpt2_weights import gpt2_state_dict, is_pretrained
 from model import GPT, RUNTIME_KEYS, GPTConfig
-from routing_stats import (format_routing, mean_stats, routing_stats, routing_summary, training_flops_per_token,
+from nanoaha.routing_stats import (format_routing, mean_stats, routing_stats, routing_summary, training_flops_per_token,
                            warn_collapse)
-from tensorboard_log import Logger
-from train_config import TrainConfig, check_config
+from nanoaha.tensorboard_log import Logger
+from nanoaha.train_config import TrainConfig, check_config
 
 
 def lr_at(it, cfg):
@@ -461,7 +461,7 @@ def configure_optimizer(model, cfg, device_type):
 
 
 def main(argv):
-    tcfg, mcfg = parse_args_or_exit(argv, TrainConfig, GPTConfig)
+    tcfg, mcfg = parse_args_or_exit(argv, TrainConfig, GPTConfig, usage=__doc__)
     try:
         train(tcfg, mcfg)
     except TrainingStopped as e:

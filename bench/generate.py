@@ -22,7 +22,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
-from checkpoint import load_model  # noqa: E402
+from nanoaha.checkpoint import load_model  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
 

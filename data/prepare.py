@@ -27,8 +27,8 @@ import numpy as np
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from atomic_files import atomic_write  # noqa: E402
-from configurator import run_main  # noqa: E402
+from nanoaha.atomic_files import atomic_write  # noqa: E402
+from nanoaha.configurator import run_main  # noqa: E402
 from data.tokens import ENCODINGS, Encoder, TokenWriter, token_path, write_meta  # noqa: E402
 
 CHUNK_CHARS = 1 << 20  # characters of text per unit of work for an encoding process

@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 
-from atomic_files import write_json
+from nanoaha.atomic_files import write_json
 
 TIKTOKEN_ENCODINGS = ("gpt2", "cl100k_base", "o200k_base", "r50k_base", "p50k_base")
 ENCODINGS = ("gpt2", "cl100k_base", "o200k_base", "bytes", "char")

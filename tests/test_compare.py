@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-import checkpoint
+from nanoaha import checkpoint
 import compare
-import grid
-from grid import GridError, Row, best_fixed, gap_recovery, load_grid, plan, results_table, spread, train_argv
+from nanoaha import grid
+from nanoaha.grid import GridError, Row, best_fixed, gap_recovery, load_grid, plan, results_table, spread, train_argv
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 32, "window": 8, "batch_size": 4,
@@ -218,7 +218,7 @@ def test_the_comparisons_table_gives_each_question_its_same_seed_difference(tmp_
 
 
 def test_plots_are_small_pngs_drawn_from_the_rows(tmp_path):
-    import plots
+    from nanoaha import plots
     sweep = [{"threshold": t, "val_loss": 2.0 + t, "global_frac": 1 - t, "attention_flop_frac_ideal": 1 - t,
               "attention_flop_frac_computed": 1.0} for t in (0.1, 0.5, 0.9)]
     per_head = [[0.5, 0.25], None, [0.0, 1.0]]

@@ -1,9 +1,9 @@
 """The GPU-scale configs, run as they are but shrunk (tiny sizes, two steps, fp32, no compile) on the CPU."""
 import pytest
 
-import checkpoint
+from nanoaha import checkpoint
 import train
-from configurator import parse_args
+from nanoaha.configurator import parse_args
 from model import GPTConfig
 from train import TrainConfig
 

@@ -13,7 +13,7 @@ import torch
 
 import data.prepare
 import train
-from configurator import parse_args
+from nanoaha.configurator import parse_args
 from data.fineweb_edu.prepare import main as fineweb_main
 from data.loader import TokenData
 from data.prepare import fetch, prepare, prepare_files

@@ -9,9 +9,9 @@ import sys
 import pytest
 import torch
 
-import checkpoint
+from nanoaha import checkpoint
 import train
-from configurator import parse_args
+from nanoaha.configurator import parse_args
 from model import GPTConfig
 from processes import run_in_own_session
 from train import TrainConfig

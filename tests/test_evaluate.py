@@ -14,14 +14,14 @@ import evaluate
 import prune
 import sample
 import train
-from checkpoint import load_checkpoint, load_model, save_checkpoint
-from configurator import parse_args
+from nanoaha.checkpoint import load_checkpoint, load_model, save_checkpoint
+from nanoaha.configurator import parse_args
 from data.loader import TokenData
 from data.prepare import prepare
-from evaluation import (evaluate_checkpoint, evaluate_loss, fixed_val_batches, kv_cache_summary, threshold_sweep)
+from nanoaha.evaluation import (evaluate_checkpoint, evaluate_loss, fixed_val_batches, kv_cache_summary, threshold_sweep)
 from model import GPT, GPTConfig
-from pruning import layers_to_prune, prune_checkpoint
-from routing_stats import kv_cache_bytes
+from nanoaha.pruning import layers_to_prune, prune_checkpoint
+from nanoaha.routing_stats import kv_cache_bytes
 from train import TrainConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

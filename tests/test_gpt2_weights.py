@@ -3,10 +3,10 @@ init_from='gpt2' takes with the real weights online)."""
 import pytest
 import torch
 
-import checkpoint
+from nanoaha import checkpoint
 import train
-from configurator import parse_args
-from gpt2_weights import gpt2_state_dict
+from nanoaha.configurator import parse_args
+from nanoaha.gpt2_weights import gpt2_state_dict
 from model import GPT, GPTConfig
 from train import TrainConfig
 

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-import checkpoint
+from nanoaha import checkpoint
 import train
-from configurator import ConfigError, parse_args
+from nanoaha.configurator import ConfigError, parse_args
 from data.loader import TokenData
 from data.tokens import write_meta, write_tokens
 from model import GPT, GPTConfig

@@ -1,11 +1,11 @@
 import pytest
 import torch
 
-from checkpoint import load_model_state
+from nanoaha.checkpoint import load_model_state
 from kernels.attention import attention
 from model import GPT, GPTConfig, Router, apply_rotary, rotary_tables
-from pruning import prune_checkpoint
-from routing_stats import global_heads_per_token, keys_read, routing_stats
+from nanoaha.pruning import prune_checkpoint
+from nanoaha.routing_stats import global_heads_per_token, keys_read, routing_stats
 
 
 def small_config(**overrides):

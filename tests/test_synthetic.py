@@ -8,14 +8,14 @@ import torch
 
 import evaluate
 import train
-from configurator import ConfigError, parse_args
+from nanoaha.configurator import ConfigError, parse_args
 from data.loader import TokenData
 from data.prepare import prepare
 from data.synthetic.prepare import SyntheticConfig, generate, parse
 from data.synthetic.tasks import UNKNOWN, Copy, Needle, Recall, needs_global
-from evaluation import evaluate_routing
+from nanoaha.evaluation import evaluate_routing
 from model import GPTConfig
-from checkpoint import load_model
+from nanoaha.checkpoint import load_model
 from train import TrainConfig
 
 U = UNKNOWN

@@ -10,10 +10,10 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.plugins.custom_scalar import layout_pb2
 from tensorboard.plugins.hparams import plugin_data_pb2
 
-import tensorboard_log
+from nanoaha import tensorboard_log
 import train
 from data.loader import TokenData
-from tensorboard_log import (Logger, figure_to_array, group_head_tags, head_usage_figure, heatmap_figure,
+from nanoaha.tensorboard_log import (Logger, figure_to_array, group_head_tags, head_usage_figure, heatmap_figure,
                              hparam_values, layout_tokens, percent, snippet_figure)
 from test_train import configs
 

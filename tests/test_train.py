@@ -8,13 +8,13 @@ import sys
 import pytest
 import torch
 
-import checkpoint
-import device
-import routing_stats
+from nanoaha import checkpoint
+from nanoaha import device
+from nanoaha import routing_stats
 import train
-from configurator import ConfigError, parse_args
+from nanoaha.configurator import ConfigError, parse_args
 from model import GPT, GPTConfig
-from routing_stats import warn_collapse
+from nanoaha.routing_stats import warn_collapse
 from train import LambdaController, TrainConfig, lr_at
 
 

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from configurator import run_main  # noqa: E402
+from nanoaha.configurator import run_main  # noqa: E402
 from data.prepare import add_options, options, prepare, prepare_files, report  # noqa: E402
 
 DATASET, CONFIG = "HuggingFaceFW/fineweb-edu", "sample-10BT"

@@ -13,7 +13,7 @@ import sysconfig
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from configurator import run_main  # noqa: E402
+from nanoaha.configurator import run_main  # noqa: E402
 from data.prepare import add_options, options, prepare_files, report  # noqa: E402
 
 EXCLUDED_DIRS = {"test", "tests", "idle_test", "site-packages", "__pycache__"}

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from configurator import run_main  # noqa: E402
+from nanoaha.configurator import run_main  # noqa: E402
 from data.prepare import add_options, fetch, options, prepare_files, report  # noqa: E402
 
 URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from configurator import run_main  # noqa: E402
+from nanoaha.configurator import run_main  # noqa: E402
 from data.shakespeare.prepare import main  # noqa: E402
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from configurator import ConfigError, parse_args  # noqa: E402
+from nanoaha.configurator import ConfigError, parse_args  # noqa: E402
 from data.synthetic.tasks import TASKS, UNKNOWN, needs_global  # noqa: E402
 from data.tokens import TokenWriter, read_meta, token_dtype, token_path, write_meta  # noqa: E402
 

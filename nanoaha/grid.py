@@ -37,12 +37,12 @@ import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
-from atomic_files import write_json
-from configurator import ConfigError, parse_args, read_config_file
+from nanoaha.atomic_files import write_json
+from nanoaha.configurator import ConfigError, parse_args, read_config_file
 from model import GPTConfig
-from train_config import TrainConfig
+from nanoaha.train_config import TrainConfig
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 TRAIN_PY, EVALUATE_PY = os.path.join(ROOT, "train.py"), os.path.join(ROOT, "evaluate.py")
 GRID_KEYS = {"base", "common", "seeds", "runs", "references", "evaluate", "comparisons"}
 RUNNER_KEYS = {"out_dir", "seed"}  # the runner sets these for each run

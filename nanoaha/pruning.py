@@ -9,9 +9,9 @@ import os
 
 import torch
 
-from checkpoint import checkpoint_path, load_checkpoint, load_model, save_checkpoint
-from device import autocast_context, pick_device, pick_dtype
-from evaluation import (DEFAULT_EVAL_TOKENS, eval_data, evaluate_loss, fixed_val_batches, kv_cache_summary,
+from nanoaha.checkpoint import checkpoint_path, load_checkpoint, load_model, save_checkpoint
+from nanoaha.device import autocast_context, pick_device, pick_dtype
+from nanoaha.evaluation import (DEFAULT_EVAL_TOKENS, eval_data, evaluate_loss, fixed_val_batches, kv_cache_summary,
                         routing_summary, trained_data_dir)
 from model import GPTConfig
 

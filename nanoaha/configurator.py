@@ -10,8 +10,12 @@ refuses to run unless that file comes before it on the command line.
 import ast
 import dataclasses
 import difflib
+import inspect
+import io
 import os
+import re
 import sys
+import tokenize
 import types
 import typing
 
@@ -97,8 +101,44 @@ def parse_args(argv, *schemas):
         raise ConfigError(str(e)) from None
 
 
-def parse_args_or_exit(argv, *schemas):
-    """parse_args for a command line: a bad config ends the program with the error, not a traceback."""
+def _field_comments(schema):
+    """{field: the comment on its line in the class source} (what a setting means, written once, beside it)."""
+    try:
+        source = inspect.getsource(schema)
+    except (OSError, TypeError):
+        return {}
+    comments, line_field = {}, {}
+    for line_no, line in enumerate(source.splitlines(), 1):
+        match = re.match(r"\s+(\w+)\s*:", line)
+        if match:
+            line_field[line_no] = match.group(1)
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT and tok.start[0] in line_field:
+            comments[line_field[tok.start[0]]] = tok.string.lstrip("# ").strip()
+    return comments
+
+
+def help_text(usage, *schemas):
+    """The usage (a script's docstring) and every setting: --key=default, its type and what it means."""
+    lines = [inspect.cleandoc(usage or "")]
+    for schema in schemas:
+        comments = _field_comments(schema)
+        lines.append(f"\n{schema.__name__} settings (--key=value):")
+        for f in dataclasses.fields(schema):
+            default = f.default if f.default is not dataclasses.MISSING else (
+                f.default_factory() if f.default_factory is not dataclasses.MISSING else "")
+            left = f"  --{f.name}={default!r}" if not isinstance(default, str) or default else f"  --{f.name}=''"
+            right = f"{_type_names(f.type)}" + (f"; {comments[f.name]}" if f.name in comments else "")
+            lines.append(f"{left:<40} {right}" if len(left) < 40 else f"{left}\n{'':<40} {right}")
+    return "\n".join(lines)
+
+
+def parse_args_or_exit(argv, *schemas, usage=None):
+    """parse_args for a command line: --help (or -h) prints the usage and the settings and exits 0; a bad config
+    ends the program with the error, not a traceback."""
+    if any(arg in ("--help", "-h") for arg in argv):
+        print(help_text(usage, *schemas))
+        sys.exit(0)
     try:
         return parse_args(argv, *schemas)
     except ConfigError as e:

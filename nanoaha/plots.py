@@ -7,7 +7,7 @@ import matplotlib
 from matplotlib.figure import Figure
 from matplotlib.ticker import PercentFormatter
 
-from grid import paired_by_seed, spread
+from nanoaha.grid import paired_by_seed, spread
 
 FIGSIZE, WIDE, DPI = (6.4, 4.2), (8.4, 4.6), 100  # WIDE: room for a legend of up to 20 runs beside the plot
 MARKERS = {"fixed": "s", "random": "^", "routed": "o"}

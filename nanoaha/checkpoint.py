@@ -11,7 +11,7 @@ import sys
 
 import torch
 
-from atomic_files import atomic_write
+from nanoaha.atomic_files import atomic_write
 from model import GPT, GPTConfig
 
 # state-dict keys renamed since checkpoints were first written: old name -> new name

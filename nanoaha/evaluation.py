@@ -15,15 +15,15 @@ from contextlib import nullcontext
 
 import torch
 
-from checkpoint import checkpoint_path, load_checkpoint, load_model
+from nanoaha.checkpoint import checkpoint_path, load_checkpoint, load_model
 from data.loader import TokenData
 from data.synthetic.tasks import UNKNOWN_LABEL
 from data.tokens import read_meta
-from device import autocast_context, pick_device, pick_dtype
-from routing_stats import (kv_cache_bytes, label_counts, mean_stats, precision_recall, ratio, routing_stats,
+from nanoaha.device import autocast_context, pick_device, pick_dtype
+from nanoaha.routing_stats import (kv_cache_bytes, label_counts, mean_stats, precision_recall, ratio, routing_stats,
                            routing_summary)
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 DEFAULT_THRESHOLDS = (0.1, 0.3, 0.5, 0.7, 0.9)
 DEFAULT_EVAL_TOKENS = 65536  # 64 windows at block_size 1024 (python_stdlib's val split holds 404,002 tokens)
 
@@ -153,7 +153,7 @@ def kv_cache_summary(config, context_length, bytes_per_element):
 @torch.no_grad()
 def evaluate_routing(model, data, split="val", max_examples=500, batch_size=16):
     """Answer loss (train.py's val loss, over these examples), answer accuracy (all, and split by whether the
-    answer needs global context), the model's attention FLOPs vs dense (ideal and computed, routing_stats.py)
+    answer needs global context), the model's attention FLOPs vs dense (ideal and computed, nanoaha/routing_stats.py)
     and per routed layer the global fraction, precision and recall of its routing, for the layer ('any' head)
     and each head.
 

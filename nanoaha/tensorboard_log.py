@@ -27,7 +27,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, PercentFormatter
 
 from data.tokens import codec
-from routing_stats import global_heads_per_token, tensorboard_scalars
+from nanoaha.routing_stats import global_heads_per_token, tensorboard_scalars
 
 SNIPPET_TOKENS = 200      # tokens of the first val window shown with their routing
 SAMPLE_PROMPT_TOKENS = 32  # the greedy sample continues this many of the snippet's first tokens ...

@@ -1,6 +1,6 @@
 """Routing statistics: every number about where routing went and what attention cost, in one place.
 
-train.py logs them (console and TensorBoard), evaluation.py reports them (evaluate.py, prune.py), sample.py
+train.py logs them (console and TensorBoard), nanoaha/evaluation.py reports them (evaluate.py, prune.py), sample.py
 colours tokens by them.
 
 Attention cost is counted in keys read per query (query-key pairs), relative to dense causal attention:
