@@ -1,5 +1,6 @@
 import os
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -7,13 +8,23 @@ import torch
 
 # Without CUDA the Triton kernels run in Triton's interpreter. triton.jit picks the interpreter when a kernel is
 # defined, so TRITON_INTERPRET must be set before anything imports the kernels: here, when pytest loads this
-# file, before it imports any test module. (tests/test_triton_compile.py runs the compiler in a subprocess
+# file, before it imports any test module. (tests/e2e/test_triton_compile.py runs the compiler in a subprocess
 # without it.)
 if not torch.cuda.is_available():
     assert "kernels.triton_common" not in sys.modules, "Triton kernels were imported before TRITON_INTERPRET=1"
     os.environ["TRITON_INTERPRET"] = "1"
 
 from data.tokens import write_meta, write_tokens  # noqa: E402
+
+END_TO_END = Path(__file__).resolve().parent / "e2e"
+
+
+def pytest_collection_modifyitems(items):
+    """Every test under tests/e2e (it trains, spawns processes or runs Triton's interpreter) is `slow`, so
+    `-m "not slow"` runs tests/unit alone: the fast loop."""
+    for item in items:
+        if END_TO_END in Path(item.path).resolve().parents:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture
@@ -26,3 +37,27 @@ def tiny_corpus(tmp_path):
         write_tokens(str(tmp_path), split, (np.frombuffer(d.encode(), dtype=np.uint8) for d in part), np.uint16, 0)
     write_meta(str(tmp_path), {"encoding": "bytes", "vocab_size": 256, "dtype": "uint16", "eot_token": 0})
     return tmp_path
+
+
+@pytest.fixture
+def prepared_corpus(tmp_path):
+    """tiny_corpus's kind of text, prepared by data/prepare.py (train and val split by documents)."""
+    from helpers import byte_corpus
+    return str(byte_corpus(tmp_path / "corpus"))
+
+
+@pytest.fixture
+def tiny_gpt2(tmp_path):
+    """(a tiny GPT-2 built by transformers, 'hf:PATH' to import it from): the path init_from='gpt2' takes."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=256, n_positions=64,
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    with torch.no_grad():  # biases and norms away from their 0 / 1 init, so a missed one shows
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "ln_" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+    path = tmp_path / "tiny_gpt2"
+    model.save_pretrained(path)
+    return model, f"hf:{path}"

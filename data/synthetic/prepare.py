@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from nanoaha.configurator import ConfigError, parse_args  # noqa: E402
+from nanoaha.configurator import ConfigError, help_text, parse_args  # noqa: E402
 from data.synthetic.tasks import TASKS, UNKNOWN, needs_global  # noqa: E402
 from data.tokens import TokenWriter, read_meta, token_dtype, token_path, write_meta  # noqa: E402
 
@@ -156,6 +156,8 @@ def parse(argv):
 
 
 if __name__ == "__main__":
+    if any(arg in ("--help", "-h") for arg in sys.argv[1:]):
+        sys.exit(print(help_text(__doc__, SyntheticConfig, *TASKS.values())))
     try:
         config, chosen = parse(sys.argv[1:])
         result = generate(config, chosen)

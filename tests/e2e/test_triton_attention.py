@@ -11,17 +11,16 @@ import zlib
 import pytest
 import torch
 
-from kernels import reference, triton_attention, triton_common, triton_global, triton_local
+from kernels import (
+    reference,
+    triton_attention,
+    triton_common,
+    triton_global,
+    triton_local,
+)
 from kernels.attention import attention, resolve_backend
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-# Tests of seconds each in the interpreter (milliseconds on a GPU) leave the fast loop (-m "not slow") on the CPU
-SLOW = [pytest.mark.slow] if DEVICE == "cpu" else []
-
-
-def slow_in_interpreter(test):
-    return pytest.mark.slow(test) if DEVICE == "cpu" else test
-
 TOLERANCE = {torch.float32: 2e-4, torch.float16: 1e-2, torch.bfloat16: 6e-2}
 DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.float16, id="fp16"),
           pytest.param(torch.bfloat16, id="bf16", marks=pytest.mark.skipif(
@@ -131,7 +130,6 @@ def test_local_fp32(rng, B, H, T, D, window, n_sink):
     assert_matches_reference(rng, q, k, v, gate, grad_out, "local", window, n_sink)
 
 
-@slow_in_interpreter
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_local_low_precision_and_strided(rng, dtype):
     q, k, v, gate, grad_out = make_inputs(rng, 2, 2, 53, 32, dtype, transposed=True)
@@ -147,9 +145,9 @@ def gate_pattern(gate, pattern):
 
 
 ROUTED_CASES = [  # B, H, T, D, window, n_sink, gate pattern
-    pytest.param(2, 2, 3 * TILE + 11, 16, TILE - 4, 0, "random", marks=SLOW),
+    pytest.param(2, 2, 3 * TILE + 11, 16, TILE - 4, 0, "random"),
     (1, 2, 40, 32, 4 * TILE, 2, "random"),        # T < window
-    pytest.param(1, 2, 4 * TILE + 3, 64, TILE + 2, 3, "random", marks=SLOW),  # ~1.2 compacted global tiles per head
+    pytest.param(1, 2, 4 * TILE + 3, 64, TILE + 2, 3, "random"),  # ~1.2 compacted global tiles per head
     (1, 2, 2 * TILE + 3, 128, TILE, 0, "random"),
     (2, 1, 45, 32, 10, 2, "all_global"),
     (1, 2, 45, 32, 10, 2, "all_local"),
@@ -164,7 +162,6 @@ def test_routed_fp32(rng, mode, B, H, T, D, window, n_sink, pattern):
     assert_matches_reference(rng, q, k, v, gate, grad_out, "routed", window, n_sink, mode)
 
 
-@slow_in_interpreter
 @pytest.mark.parametrize("mode", ["sparse", "exact"])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_routed_low_precision_and_strided(rng, mode, dtype):
@@ -213,7 +210,6 @@ def poisoned(x, rows):
     return x
 
 
-@slow_in_interpreter
 @NAN_INPUTS
 def test_local_reads_only_its_window_and_sinks(rng):
     """Work bounded by the window: NaN outside a tile's reach must not leak into that tile's results."""
@@ -239,7 +235,6 @@ def test_local_reads_only_its_window_and_sinks(rng):
     torch.testing.assert_close(dv[:, :, tile_1], want[3][:, :, tile_1], atol=2e-4, rtol=2e-4)
 
 
-@slow_in_interpreter
 @NAN_INPUTS
 def test_sparse_global_skips_unreachable_tiles(rng):
     """Compacted global queries: a tile reads keys only up to its largest true position, and a key tile's
@@ -269,7 +264,6 @@ def test_sparse_global_skips_unreachable_tiles(rng):
     torch.testing.assert_close(dv[:, :, tile_3], want[3][:, :, tile_3], atol=2e-4, rtol=2e-4)
 
 
-@slow_in_interpreter
 @pytest.mark.parametrize("mode", ["exact", "sparse"])
 def test_training_path_matches_torch_backend(mode):
     """A tiny model's loss and every parameter gradient agree between the triton and torch backends."""
@@ -292,7 +286,6 @@ def test_training_path_matches_torch_backend(mode):
         torch.testing.assert_close(grads[0][name], grad, rtol=1e-3, atol=1e-5, msg=lambda m: f"{name}: {m}")
 
 
-@slow_in_interpreter
 @pytest.mark.parametrize("mode", ["exact", "sparse"])
 def test_the_kernels_are_custom_ops_that_compile_without_graph_breaks(rng, mode):
     """torch.compile traces a model through the Triton attention (fullgraph: no graph break; in sparse mode with

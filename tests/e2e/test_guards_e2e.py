@@ -2,25 +2,19 @@
 resuming on other data, and one-line errors from every script."""
 import json
 import math
-import os
 import signal
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 
-from nanoaha import checkpoint
 import train
-from nanoaha.configurator import ConfigError, parse_args
-from data.loader import TokenData
 from data.tokens import write_meta, write_tokens
-from model import GPT, GPTConfig
-from sample import SampleConfig
-from train import TrainConfig, TrainingStopped
+from helpers import Script, run_script, train_configs
+from model import GPT
+from nanoaha import checkpoint
+from train import TrainingStopped
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--block_size=32", "--window=8", "--n_layer=1", "--n_embd=32", "--n_head=2", "--eval_iters=1",
         "--batch_size=2", "--tensorboard=False", "--device=cpu"]
 
@@ -30,16 +24,11 @@ def configs(tmp_path, corpus, **overrides):
               "n_head": 2, "n_embd": 32, "window": 8, "batch_size": 4, "max_iters": 6, "eval_interval": 3,
               "eval_iters": 2, "log_interval": 3, "warmup_iters": 2, "learning_rate": 3e-3, "tensorboard": False,
               "device": "cpu", **overrides}
-    return parse_args([f"--{k}={v!r}" if isinstance(v, str) else f"--{k}={v}" for k, v in values.items()],
-                      TrainConfig, GPTConfig)
+    return train_configs(values)
 
 
 def weights(path):
     return torch.load(path, weights_only=False)["model"]
-
-
-def run(*args, **kwargs):
-    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300, **kwargs)
 
 
 def test_a_new_run_refuses_a_folder_with_a_checkpoint_unless_told_to_overwrite(tmp_path, tiny_corpus):
@@ -125,21 +114,17 @@ def test_sigterm_saves_the_current_step_and_resuming_continues_exactly(tmp_path,
     common = [f"--data_dir={tiny_corpus}", *TINY, "--lr_decay_iters=1000", "--eval_interval=1000",
               "--log_interval=1", "--routing='random'", "--dropout=0.1", "--p_dense=0.3", "--progress_bar=False"]
     stopped = tmp_path / "stopped"
-    proc = subprocess.Popen([sys.executable, "train.py", "configs/quickstart.py", *common, "--max_iters=100000",
-                             f"--out_dir={stopped}"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    for line in proc.stdout:  # wait until it trains
-        if line.startswith("iter 3:"):
-            break
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 128 + signal.SIGTERM, err
+    with Script("train.py", "configs/quickstart.py", *common, "--max_iters=100000", f"--out_dir={stopped}") as proc:
+        proc.wait_for("iter 3:")  # it trains
+        proc.send_signal(signal.SIGTERM)
+        returncode, out, err = proc.finish()
+    assert returncode == 128 + signal.SIGTERM, err
     assert "Traceback" not in err and err.strip().startswith("stopped by SIGTERM: saved")
     step = checkpoint.load_checkpoint(str(stopped), "cpu")["iter_num"]
     assert f"at step {step};" in err and step >= 3
-    resumed = run("train.py", "configs/quickstart.py", *common, f"--max_iters={step + 3}", f"--out_dir={stopped}",
+    resumed = run_script("train.py", "configs/quickstart.py", *common, f"--max_iters={step + 3}", f"--out_dir={stopped}",
                   "--init_from=resume")
-    straight = run("train.py", "configs/quickstart.py", *common, f"--max_iters={step + 3}",
+    straight = run_script("train.py", "configs/quickstart.py", *common, f"--max_iters={step + 3}",
                    f"--out_dir={tmp_path / 'straight'}")
     assert resumed.returncode == 0 and straight.returncode == 0, resumed.stderr + straight.stderr
     a, b = weights(stopped / "ckpt.pt"), weights(tmp_path / "straight" / "ckpt.pt")
@@ -147,34 +132,13 @@ def test_sigterm_saves_the_current_step_and_resuming_continues_exactly(tmp_path,
 
 
 def test_sigint_saves_and_exits_with_130(tmp_path, tiny_corpus):
-    proc = subprocess.Popen([sys.executable, "train.py", "configs/quickstart.py", f"--data_dir={tiny_corpus}", *TINY,
-                             "--max_iters=100000", "--log_interval=1", f"--out_dir={tmp_path}",
-                             "--progress_bar=False"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    for line in proc.stdout:
-        if line.startswith("iter 2:"):
-            break
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130 and "stopped by SIGINT: saved" in err and "Traceback" not in err
+    with Script("train.py", "configs/quickstart.py", f"--data_dir={tiny_corpus}", *TINY, "--max_iters=100000",
+                "--log_interval=1", f"--out_dir={tmp_path}", "--progress_bar=False") as proc:
+        proc.wait_for("iter 2:")
+        proc.send_signal(signal.SIGINT)
+        returncode, out, err = proc.finish()
+    assert returncode == 130 and "stopped by SIGINT: saved" in err and "Traceback" not in err
     assert checkpoint.load_checkpoint(str(tmp_path), "cpu")["iter_num"] >= 2
-
-
-@pytest.mark.parametrize("setting", ["batch_size=0", "eval_interval=0", "log_interval=0", "grad_accum=0",
-                                     "eval_iters=0", "n_layer=0", "n_head=0", "dtype='float8'", "max_iters=-5",
-                                     "min_lr=-1e-4", "learning_rate=0", "p_dense=1.5", "router_threshold=2",
-                                     "dropout=1.0", "router_lambda=-1", "attention_backend='cuda'"])
-def test_settings_out_of_range_name_the_setting(setting):
-    key = setting.split("=")[0]
-    with pytest.raises(ConfigError, match=key):
-        parse_args([f"--{setting}"], TrainConfig, GPTConfig)
-
-
-@pytest.mark.parametrize("setting", ["top_k=0", "temperature=-1", "max_new_tokens=-5", "num_samples=0",
-                                     "router_threshold=1.5"])
-def test_sample_settings_out_of_range_name_the_setting(setting):
-    with pytest.raises(ConfigError, match=setting.split("=")[0]):
-        parse_args([f"--{setting}"], SampleConfig)
 
 
 def test_scripts_end_expected_errors_with_one_line(tmp_path, tiny_corpus):
@@ -186,11 +150,11 @@ def test_scripts_end_expected_errors_with_one_line(tmp_path, tiny_corpus):
              ("evaluate.py", str(tmp_path / "nothing")),
              ("data/python_stdlib/prepare.py", "--num_proc=0")]
     for args in cases:
-        result = run(*args)
+        result = run_script(*args)
         assert result.returncode != 0 and "Traceback" not in result.stderr, (args, result.stderr)
         lines = result.stderr.strip().splitlines()
         assert "error" in lines[-1] and (len(lines) == 1 or lines[0].startswith("usage:")), (args, lines)
-    assert "no checkpoint at" in run(*cases[0]).stderr
+    assert "no checkpoint at" in run_script(*cases[0]).stderr
 
 
 def test_resuming_on_other_data_is_refused(tmp_path, tiny_corpus):
@@ -203,16 +167,6 @@ def test_resuming_on_other_data_is_refused(tmp_path, tiny_corpus):
     write_meta(str(other), {"encoding": "bytes", "vocab_size": 256, "dtype": "uint16", "eot_token": 0})
     with pytest.raises(ValueError, match="trained on other data.*train_tokens"):
         train.train(*configs(tmp_path, other, max_iters=6, init_from="resume"))
-
-
-def test_token_ids_beyond_the_vocab_of_meta_json_are_named(tmp_path):
-    tokens = np.arange(200, dtype=np.uint16) % 120
-    for split in ("train", "val"):
-        write_tokens(str(tmp_path), split, [tokens], np.uint16, 0)
-    write_meta(str(tmp_path), {"encoding": "bytes", "vocab_size": 100, "dtype": "uint16", "eot_token": 0})
-    data = TokenData(str(tmp_path), 150, 256)
-    with pytest.raises(ValueError, match="token id 119 but meta.json says vocab_size 100"):
-        data.val_batches(1, 1)
 
 
 def test_float16_trains_with_a_gradient_scaler_and_resumes_it(tmp_path, tiny_corpus):

@@ -1,12 +1,8 @@
 import json
 import math
 import os
-import subprocess
-import sys
-from dataclasses import asdict
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 import torch
 
@@ -14,17 +10,17 @@ import evaluate
 import prune
 import sample
 import train
-from nanoaha.checkpoint import load_checkpoint, load_model, save_checkpoint
-from nanoaha.configurator import parse_args
 from data.loader import TokenData
-from data.prepare import prepare
-from nanoaha.evaluation import (evaluate_checkpoint, evaluate_loss, fixed_val_batches, kv_cache_summary, threshold_sweep)
+from helpers import byte_corpus, run_script, train_configs
 from model import GPT, GPTConfig
-from nanoaha.pruning import layers_to_prune, prune_checkpoint
-from nanoaha.routing_stats import kv_cache_bytes
-from train import TrainConfig
+from nanoaha.checkpoint import load_checkpoint, load_model, save_checkpoint
+from nanoaha.evaluation import (
+    evaluate_checkpoint,
+    evaluate_loss,
+    fixed_val_batches,
+    threshold_sweep,
+)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EVAL_TOKENS, BATCH = 2048, 32  # 64 windows of 32 tokens in two batches: a tiny model runs faster in few calls
 FAST = [f"--eval_tokens={EVAL_TOKENS}", f"--batch_size={BATCH}", "--device=cpu"]
 SPEC_KEYS = {"checkpoint", "run", "layers", "model_config", "data_dir", "encoding", "eval_tokens", "val_loss",
@@ -35,39 +31,18 @@ SPEC_KEYS = {"checkpoint", "run", "layers", "model_config", "data_dir", "encodin
 SWEEP_KEYS = {"threshold", "val_loss", "global_frac", "attention_flop_frac_ideal", "attention_flop_frac_computed"}
 
 
-def byte_corpus(path):
-    rng = np.random.default_rng(0)
-    lines = [f"def f{i}(x):\n    return x + {i}\n" for i in range(40)]
-    docs = ["".join(rng.choice(lines, 30)) for _ in range(12)]
-    prepare(lambda: iter(docs), str(path), encoding="bytes", val_fraction=0.2, progress=False)
-    return path
-
-
 def train_run(out_dir, corpus, **overrides):
     values = {"data_dir": str(corpus), "out_dir": str(out_dir), "block_size": 32, "n_layer": 2, "n_head": 2,
               "n_embd": 32, "window": 8, "batch_size": 4, "max_iters": 20, "eval_interval": 20, "eval_iters": 1,
               "log_interval": 20, "warmup_iters": 5, "learning_rate": 3e-3, "router_lambda": 0.01,
               "router_lambda_ramp": 10, "router_init_std": 0.1, "tensorboard": False, "progress_bar": False,
               "device": "cpu", **overrides}
-    train.train(*parse_args([f"--{k}={v!r}" if isinstance(v, str) else f"--{k}={v}" for k, v in values.items()],
-                            TrainConfig, GPTConfig))
+    train.train(*train_configs(values))
     return str(out_dir)
 
 
 def evaluated(path, **options):
     return evaluate_checkpoint(path, eval_tokens=EVAL_TOKENS, batch_size=BATCH, **options)
-
-
-def untrained_checkpoint(path, corpus, **config):
-    """A checkpoint as train.py writes it, of a freshly initialised model (fast)."""
-    mcfg = GPTConfig(**{"block_size": 32, "n_layer": 2, "n_head": 2, "n_embd": 32, "window": 8, **config})
-    torch.manual_seed(0)
-    os.makedirs(path, exist_ok=True)
-    save_checkpoint(os.path.join(path, "ckpt.pt"), {
-        "model": GPT(mcfg).state_dict(), "optimizer": None, "model_config": asdict(mcfg),
-        "train_config": {"data_dir": str(corpus)}, "iter_num": 0, "best_val_loss": math.inf,
-        "data_meta": json.load(open(os.path.join(corpus, "meta.json"))), "rng": {}})
-    return str(path)
 
 
 @pytest.fixture(scope="module")
@@ -78,11 +53,6 @@ def runs(tmp_path_factory):
     return SimpleNamespace(root=root, corpus=str(corpus), routed=train_run(root / "runs" / "routed", corpus),
                            random=train_run(root / "runs" / "random", corpus, routing="random",
                                             random_global_q=0.3, max_iters=4))
-
-
-@pytest.fixture
-def corpus(tmp_path):
-    return str(byte_corpus(tmp_path / "corpus"))
 
 
 def batches_of(model, corpus):
@@ -97,7 +67,6 @@ def forced_local_loss(path, batches):
     return evaluate_loss(model, batches)[0]
 
 
-@pytest.mark.slow
 def test_threshold_sweep_runs_from_forced_global_to_forced_local(runs):
     model, _ = load_model(runs.routed, "cpu")
     batches = batches_of(model, runs.corpus)
@@ -121,7 +90,6 @@ def test_threshold_sweep_runs_from_forced_global_to_forced_local(runs):
     assert sweep[thresholds.index(0.5)]["val_loss"] == pytest.approx(trained, rel=1e-6)
 
 
-@pytest.mark.slow
 def test_evaluation_has_the_spec_keys_and_is_the_same_twice(runs):
     first = evaluated(runs.random)
     torch.rand(5)  # another RNG state: random routing must still draw the same gates
@@ -159,7 +127,6 @@ def test_evaluation_has_the_spec_keys_and_is_the_same_twice(runs):
     assert evaluated(runs.routed, dtype="bfloat16", thresholds=())["kv_cache_bytes"] == 2 * (2 * 32 * 2) * 32
 
 
-@pytest.mark.slow
 def test_command_line_writes_json_and_the_markdown_table(runs, tmp_path, capsys):
     out = tmp_path / "eval"
     evaluate.main([str(runs.root / "runs"), f"--out_dir={out}", "--thresholds=0.2,0.8", *FAST])
@@ -179,79 +146,13 @@ def test_command_line_writes_json_and_the_markdown_table(runs, tmp_path, capsys)
     assert json.load(open(os.path.join(runs.random, "eval.json")))["run"] == "random"
 
 
-def test_kv_cache_bytes_are_what_the_cache_holds():
-    config = GPTConfig(block_size=64, n_layer=3, n_head=2, n_embd=32, schedule="GLR", window=8, n_sink=2)
-    per_position = 2 * 2 * 16 * 4  # keys and values, 2 heads of 16, fp32
-    assert kv_cache_bytes(config, 40, 4) == per_position * (40 + 10 + 40)
-    assert kv_cache_bytes(config, 6, 4) == per_position * (6 + 6 + 6)
-    assert kv_cache_summary(config, 40, 4)["kv_cache_bytes_dense"] == per_position * 3 * 40
-    model = GPT(config).eval()
-    for prompt, steps in ((30, 10), (5, 1), (5, 0)):
-        cache = model.new_cache(capacity=prompt + steps)
-        with torch.no_grad():
-            model(torch.randint(256, (1, prompt)), cache=cache)
-            for _ in range(steps):
-                model(torch.randint(256, (1, 1)), cache=cache)
-        held = sum(c.bytes for c in cache)
-        assert held == kv_cache_bytes(config, prompt + steps, 4)
-
-
-def test_bad_input_ends_with_one_line(tmp_path, corpus):
-    small_vocab = untrained_checkpoint(tmp_path / "small_vocab", corpus, vocab_size=64)
-    good = untrained_checkpoint(tmp_path / "good", corpus)
-    for argv, message in (([str(tmp_path / "nothing")], "no checkpoint at"),
-                          ([str(tmp_path / "corpus")], "no checkpoint at"),  # a folder without runs
-                          ([small_vocab], "has vocab_size 256 but checkpoint"),
-                          ([good, "--thresholds=0.1,1.5"], "outside [0, 1]"),
-                          ([good, "--thresholds=-0.1"], "outside [0, 1]"),
-                          ([good, "--router_threshold=2.0"], "outside [0, 1]"),
-                          ([good, f"--data_dir={tmp_path / 'nowhere'}"], "meta.json not found"),
-                          ([good, "--eval_tokens=0"], "eval_tokens=0"),
-                          ([], "name at least one checkpoint")):
-        with pytest.raises(SystemExit) as e:
-            evaluate.main(argv + ["--device=cpu"])
-        assert message in str(e.value.code) and "\n" not in str(e.value.code), argv
-    for argv, message in (([good, "--out_dir="], "pass --out_dir"),
-                          ([good, f"--out_dir={good}"], "pass --out_dir"),  # never over the source
-                          ([good, f"--out_dir={tmp_path / 'p'}", "--min_global_frac=-1"], "min_global_frac=-1"),
-                          ([untrained_checkpoint(tmp_path / "dense", corpus, schedule="G"),
-                            f"--out_dir={tmp_path / 'p'}"], "no routed layers"),
-                          ([str(tmp_path / "nothing"), f"--out_dir={tmp_path / 'p'}"], "no checkpoint at"),
-                          ([f"--out_dir={tmp_path / 'p'}"], "name one checkpoint")):
-        with pytest.raises(SystemExit) as e:
-            prune.main(argv + ["--device=cpu"])
-        assert message in str(e.value.code) and "\n" not in str(e.value.code), argv
-    assert not os.path.exists(tmp_path / "p")
-
-
-@pytest.mark.slow
 def test_bad_input_on_the_command_line_has_no_traceback(tmp_path):
     for script in ("evaluate.py", "prune.py"):
-        run = subprocess.run([sys.executable, os.path.join(ROOT, script), str(tmp_path / "nothing"),
-                              f"--out_dir={tmp_path / 'p'}"], capture_output=True, text=True, cwd=ROOT)
+        run = run_script(script, tmp_path / "nothing", f"--out_dir={tmp_path / 'p'}")
         assert run.returncode != 0 and "Traceback" not in run.stderr
         assert run.stderr.strip().startswith("error: no checkpoint at") and len(run.stderr.strip().splitlines()) == 1
 
 
-def test_prune_checkpoint_turns_layers_local_and_drops_their_routers(tmp_path, corpus):
-    path = untrained_checkpoint(tmp_path / "run", corpus, n_layer=4, schedule="RG")
-    assert layers_to_prune([0.01, 1.0, 0.2, 1.0], GPTConfig(n_layer=4, schedule="RG").kinds, 0.05) == [0]
-    assert layers_to_prune([0.01, 1.0, 0.2, 1.0], GPTConfig(n_layer=4, schedule="RG").kinds, 0.3) == [0, 2]
-    assert layers_to_prune([0.5, None, 0.01, None], GPTConfig(n_layer=4, schedule="RL").kinds, 0.05) == [2]
-    ckpt = load_checkpoint(path, "cpu")
-    pruned = prune_checkpoint(ckpt, [2], {"from": path})
-    assert set(pruned) == set(ckpt) | {"pruned"} and pruned["optimizer"] is None
-    assert pruned["model_config"]["schedule"] == "RGLG" and ckpt["model_config"]["schedule"] == "RG"
-    assert pruned["pruned"] == {"layers": [2], "from": path}
-    assert set(ckpt["model"]) - set(pruned["model"]) == {"blocks.2.attn.router.logits.weight",
-                                                         "blocks.2.attn.router.logits.bias"}
-    save_checkpoint(str(tmp_path / "pruned.pt"), pruned)
-    model, _ = load_model(str(tmp_path / "pruned.pt"), "cpu")  # strict: no router left over, none missing
-    assert model.config.layer_letters == "RGLG" and model.blocks[2].attn.router is None
-    assert torch.equal(model.blocks[2].attn.qkv.weight, ckpt["model"]["blocks.2.attn.qkv.weight"])
-
-
-@pytest.mark.slow
 def test_pruning_keeps_busy_layers_and_matches_the_forced_local_model(runs, tmp_path, capsys):
     # layer 0 always global, layer 1 never: only layer 1 is below 5%
     ckpt = load_checkpoint(runs.routed, "cpu")

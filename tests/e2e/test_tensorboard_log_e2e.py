@@ -1,23 +1,17 @@
 import io
 import os
 
-import matplotlib
 import numpy as np
 import pytest
-import torch
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.custom_scalar import layout_pb2
 from tensorboard.plugins.hparams import plugin_data_pb2
 
-from nanoaha import tensorboard_log
 import train
 from data.loader import TokenData
-from nanoaha.tensorboard_log import (Logger, figure_to_array, group_head_tags, head_usage_figure, heatmap_figure,
-                             hparam_values, layout_tokens, percent, snippet_figure)
-from test_train import configs
-
-KINDS = ["routed", "local", "dense"]
+from helpers import tiny_train_configs
+from nanoaha import tensorboard_log
 
 
 def events(log_dir):
@@ -26,22 +20,9 @@ def events(log_dir):
     return acc
 
 
-def pixel(pixels, ax, x, y):
-    """The rendered colour (0..1) at data coordinates (x, y) of ax."""
-    px, py = ax.transData.transform((x, y))
-    return pixels[int(round(pixels.shape[0] - py)), int(round(px))] / 255
-
-
-def row_text(ax, row):
-    """A snippet row as drawn: its dark-text and light-text overlays merged (each is blank where the other draws)."""
-    parts = [t.get_text() for t in ax.texts if t.get_position()[1] == row + 0.5]
-    return "".join(max(chars) for chars in zip(*parts))
-
-
-@pytest.mark.slow
 def test_training_writes_every_view_with_sane_values(tmp_path, tiny_corpus, monkeypatch):
     monkeypatch.setattr(tensorboard_log, "SAMPLE_NEW_TOKENS", 20)  # token-by-token generation is the slow part
-    tcfg, mcfg = configs(tmp_path, tiny_corpus, tensorboard=True, n_layer=3, schedule="RLR", max_iters=2,
+    tcfg, mcfg = tiny_train_configs(tmp_path, tiny_corpus, tensorboard=True, n_layer=3, schedule="RLR", max_iters=2,
                          eval_interval=2, log_interval=1)
     result = train.train(tcfg, mcfg)
     log_dir = os.path.join(tcfg.out_dir, "tb")
@@ -108,89 +89,11 @@ def test_training_writes_every_view_with_sane_values(tmp_path, tiny_corpus, monk
     assert all(tag in tags["scalars"] for tag in metrics)  # HParams shows their latest values
 
 
-@pytest.mark.slow
 def test_logging_leaves_training_unchanged(tmp_path, tiny_corpus, monkeypatch):
     """The evaluation views run the model (random routing draws from the RNG): training must not notice."""
     monkeypatch.setattr(tensorboard_log, "SAMPLE_NEW_TOKENS", 5)
     common = {"routing": "random", "dropout": 0.1, "max_iters": 4, "eval_interval": 2, "save_checkpoint": False}
-    quiet = train.train(*configs(tmp_path / "a", tiny_corpus, tensorboard=False, **common))
-    logged = train.train(*configs(tmp_path / "b", tiny_corpus, tensorboard=True, **common))
+    quiet = train.train(*tiny_train_configs(tmp_path / "a", tiny_corpus, tensorboard=False, **common))
+    logged = train.train(*tiny_train_configs(tmp_path / "b", tiny_corpus, tensorboard=True, **common))
     assert os.listdir(tmp_path / "b" / "out" / "tb") and not os.path.exists(tmp_path / "a" / "out" / "tb")
     assert logged["losses"] == quiet["losses"]
-
-
-def test_disabled_logger_does_nothing(tmp_path):
-    class Unrunnable:
-        def __getattr__(self, name):
-            raise AssertionError("a disabled logger must not touch the model")
-
-    logger = Logger(str(tmp_path / "tb"), enabled=False)
-    logger.evaluation(0, 1.0, {}, Unrunnable(), torch.zeros(1, 4, dtype=torch.long), {"encoding": "bytes"})
-    logger.hparams({"n_layer": 2})
-    logger.close()
-    assert not os.path.exists(tmp_path / "tb")
-
-
-def test_per_head_tags_are_grouped_by_layer():
-    values = {"val_routing/global_frac": 0.1, "val_routing_layers/global_frac_layer3": 0.2,
-              "val_routing_heads/layer3_head11": 0.3, "train_routing_heads/layer10_head0": 0.4}
-    assert group_head_tags(values) == {"val_routing/global_frac": 0.1, "val_routing_layers/global_frac_layer3": 0.2,
-                                       "val_routing_heads_layer3/head11": 0.3, "train_routing_heads_layer10/head0": 0.4}
-
-
-def test_heatmap_shows_each_routed_head_and_names_the_other_layers():
-    frac = torch.tensor([[0.25, 0.04], [0.0, 0.0], [1.0, 1.0]])
-    fig = heatmap_figure(frac, KINDS)
-    ax = fig.axes[0]
-    shown = ax.images[0].get_array()
-    assert shown[0].tolist() == [0.25, pytest.approx(0.04)] and shown.mask[1:].all() and not shown.mask[0].any()
-    assert sorted(t.get_text() for t in ax.texts) == ["25%", "4.0%", "dense: every token global", "local: window only"]
-    assert [t.get_text() for t in ax.get_yticklabels()] == ["layer 0 R", "layer 1 L", "layer 2 D"]
-    assert "routed: 14%" in ax.get_title()
-    pixels = figure_to_array(fig)
-    viridis = matplotlib.colormaps["viridis"]
-    # colour on a square-root scale, sampled at a cell's corner (away from its label)
-    assert pixel(pixels, ax, -0.35, -0.3) == pytest.approx(viridis(0.5)[:3], abs=0.02)
-    assert pixel(pixels, ax, 0.65, -0.3) == pytest.approx(viridis(0.2)[:3], abs=0.02)
-    assert pixel(pixels, ax, -0.35, 0.7) == pytest.approx((0.867, 0.867, 0.867), abs=0.02)  # grey row
-
-
-def test_head_usage_sorts_every_routed_head():
-    frac = torch.tensor([[0.1, 0.6], [0.0, 0.0], [1.0, 1.0], [0.3, 0.05]])
-    ax = head_usage_figure(frac, ["routed", "local", "dense", "routed"]).axes[0]
-    assert [bar.get_height() for bar in ax.patches] == pytest.approx([0.6, 0.3, 0.1, 0.05])
-    assert [t.get_text() for t in ax.get_xticklabels()] == ["L0H1", "L3H0", "L0H0", "L3H1"]
-    assert head_usage_figure(frac, ["local", "local", "dense", "local"]) is None
-
-
-def test_snippet_layout_wraps_and_shows_newlines():
-    lines, owner = layout_tokens(["ab", "\n", "c\td", "xxxxx", "\x01"], columns=4)
-    assert lines == ["ab\u21b5", "c   ", " dxx", "xxx\u00b7"]
-    assert owner.tolist() == [[0, 0, 1, -1], [2, 2, 2, 2], [2, 2, 3, 3], [3, 3, 3, 4]]
-    assert layout_tokens(["a\n"], columns=4)[0] == ["a\u21b5"]  # no empty row after a final newline
-
-
-def test_snippet_shades_each_token_by_its_global_heads():
-    pieces, counts = ["def", " f", "(x):", "\n", "  return"], [0, 8, 2, 4, 8]
-    fig = snippet_figure(pieces, counts, max_count=8)
-    ax = fig.axes[0]
-    cmap = matplotlib.colormaps["RdYlBu_r"]
-    colours = ax.images[0].get_array()
-    owner = layout_tokens(pieces, 100)[1]
-    for row, col in np.ndindex(owner.shape):
-        want = (1.0, 1.0, 1.0, 1.0) if owner[row, col] < 0 else cmap(counts[owner[row, col]] / 8)
-        assert tuple(colours[row, col]) == pytest.approx(want)
-    assert [row_text(ax, 0), row_text(ax, 1)] == ["def f(x):\u21b5", "  return"]
-    pixels = figure_to_array(fig)
-    assert pixel(pixels, ax, 3.1, 0.1) == pytest.approx(cmap(1.0)[:3], abs=0.02)  # " f": all 8 heads global
-    assert pixel(pixels, ax, 0.1, 0.1) == pytest.approx(cmap(0.0)[:3], abs=0.02)
-    assert "(of 8; 55% overall)" in fig.texts[0].get_text()
-
-
-def test_hparams_keep_scalar_settings_only():
-    assert hparam_values({"a": 1, "b": 0.5, "c": "RL", "d": True, "e": None, "f": [0.1, 0.2]}) == \
-        {"a": 1, "b": 0.5, "c": "RL", "d": True}
-
-
-def test_percent_labels():
-    assert [percent(f) for f in (1.0, 0.372, 0.042, 0.0004, 0.0)] == ["100%", "37%", "4.2%", "0.0%", "0%"]

@@ -6,27 +6,23 @@ import socket
 import subprocess
 import sys
 
-import pytest
 import torch
 
-from nanoaha import checkpoint
 import train
-from nanoaha.configurator import parse_args
+from helpers import ROOT, flags, run_in_own_session
 from model import GPTConfig
-from processes import run_in_own_session
+from nanoaha import checkpoint
+from nanoaha.configurator import parse_args
 from train import TrainConfig
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = {"block_size": 32, "window": 8, "n_layer": 2, "n_head": 2, "n_embd": 32, "batch_size": 2, "eval_iters": 1,
         "eval_interval": 3, "log_interval": 1, "warmup_iters": 2, "lr_decay_iters": 6, "learning_rate": 3e-3,
         "router_lambda_ramp": 2, "tensorboard": False, "progress_bar": False, "device": "cpu"}
 
-pytestmark = pytest.mark.slow
-
 
 def args(corpus, out_dir, **overrides):
     values = {"data_dir": str(corpus), "out_dir": str(out_dir), **TINY, **overrides}
-    return [f"--{k}={v!r}" if isinstance(v, str) else f"--{k}={v}" for k, v in values.items()]
+    return flags(values)
 
 
 def torchrun(corpus, out_dir, nproc=2, **overrides):

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from processes import run_in_own_session
+from helpers import run_in_own_session
 
 
 def test_a_timeout_fails_the_test_and_kills_the_children_too(tmp_path):

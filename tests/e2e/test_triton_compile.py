@@ -8,24 +8,19 @@ import glob
 import json
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 
+from helpers import ROOT, run_script
 from kernels.attention import TRITON_HEAD_DIMS
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-pytestmark = pytest.mark.slow  # compiles every kernel for every head dim: seconds even with a warm Triton cache
 
 
 @pytest.fixture(scope="module")
 def bf16_sm90():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     head_dims = ",".join(map(str, TRITON_HEAD_DIMS))
-    done = subprocess.run([sys.executable, "bench/compile_kernels.py", "--arch=90", "--dtypes=bf16",
-                           f"--head_dims={head_dims}", "--json"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    done = run_script("bench/compile_kernels.py", "--arch=90", "--dtypes=bf16", f"--head_dims={head_dims}", "--json",
+                      timeout=600, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)
 

@@ -1,28 +1,24 @@
 import json
 import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 
 import pytest
 
-from nanoaha import checkpoint
 import compare
+from helpers import ROOT, table_cells, write_grid
 from nanoaha import grid
-from nanoaha.grid import GridError, Row, best_fixed, gap_recovery, load_grid, plan, results_table, spread, train_argv
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 32, "window": 8, "batch_size": 4,
-        "max_iters": 6, "warmup_iters": 2, "eval_interval": 3, "eval_iters": 1, "log_interval": 1,
-        "router_lambda_ramp": 2, "tensorboard": False, "device": "cpu"}
-
-
-def write_grid(path, runs, common=None, seeds=(1,), extra=""):
-    path.write_text(f'"""A test grid: does the runner work?"""\nbase = ["configs/quickstart.py"]\n'
-                    f"common = {common or {}!r}\nseeds = {list(seeds)!r}\nruns = {runs!r}\n{extra}")
-    return str(path)
+from nanoaha.grid import (
+    GridError,
+    Row,
+    best_fixed,
+    gap_recovery,
+    load_grid,
+    plan,
+    results_table,
+    spread,
+    train_argv,
+)
 
 
 def test_plan_puts_a_dependency_first_and_points_init_from_at_its_checkpoint(tmp_path):
@@ -132,13 +128,6 @@ def result(seed, loss, **values):
             "val_history": [], **values}
 
 
-def cells(table):
-    """run name -> the cells of its row."""
-    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in table.splitlines()
-            if line.startswith("| ")]
-    return {row[0]: row for row in rows}
-
-
 def test_table_arithmetic_mean_range_ties_and_gap_recovery():
     assert spread([2.0, 2.2, None, float("nan")]) == pytest.approx((2.1, 2.0, 2.2))
     assert spread([None]) is None
@@ -152,7 +141,7 @@ def test_table_arithmetic_mean_range_ties_and_gap_recovery():
             Row("broken", "routed", "RR", [1, 2], [result(1, 2.40), result(2, None)]),
             Row("lost", "routed", "RR", [1], [result(1, None)])]
     table = results_table(rows, {"local": "local", "dense": "dense"})
-    lines = cells(table)
+    lines = table_cells(table)
     # local 2.28, dense 2.11: routed 2.17 recovers (2.28 - 2.17) / (2.28 - 2.11) = 65%
     assert lines["routed"][3] == "2.170 [2.160-2.180]" and lines["routed"][4] == "15.0%"
     assert lines["routed"][10] == "65%" and lines["local"][10] == "0%" and lines["dense"][10] == "100%"
@@ -175,7 +164,7 @@ def test_table_arithmetic_mean_range_ties_and_gap_recovery():
             Row("R2", "routed", "R", [1, 2], [result(1, 2.05), result(2, 2.05)]),
             Row("R3", "routed", "R", [1], [result(1, 2.5)])]
     table = results_table(tied, {"local": "local", "dense": "dense"})
-    lines = cells(table)
+    lines = table_cells(table)
     assert "| vs local and dense |" in table  # local (2.1) beats dense (2.3): no gap to recover
     assert lines["R1"][10] == "beats both" and lines["R2"][10] == "ties the better reference"
     assert lines["R3"][10] == "does not beat both (1 seed)" and lines["local"][10] == lines["dense"][10] == "reference"
@@ -194,7 +183,7 @@ def test_rows_are_compared_at_equal_seeds_when_some_ran_a_third():
     references = {"local": "local", "dense": "dense"}
     assert best_fixed(rows, references).run == "LLLG"  # by the means (2.147 vs LG's 1.990) it would be LG
     assert best_fixed(rows, {}).run == "LG"             # no local reference: the means are all there is
-    lines = cells(results_table(rows, references))
+    lines = table_cells(results_table(rows, references))
     assert lines["LG"][11] == "+0.010 [+0.010, +0.010] worse on every seed"
     assert lines["routed"][11] == "-0.015 [-0.020, -0.010] better on every seed"
     assert lines["routed"][10] == "beats both" and lines["LLLG"][10] == "beats both"
@@ -209,11 +198,11 @@ def test_the_comparisons_table_gives_each_question_its_same_seed_difference(tmp_
             Row("random", "random", "R", [1], [result(1, 2.05)])]
     comparisons = {"learned vs local": ("routed", "local"), "learned vs random": ("routed", "random"),
                    "learned vs dense": ("routed", "dense")}
-    lines = cells(grid.comparisons_table(rows, comparisons))
+    lines = table_cells(grid.comparisons_table(rows, comparisons))
     assert lines["learned vs local"][1:] == ["routed - local", "-0.025 [-0.030, -0.020] better on every seed"]
     assert lines["learned vs random"][2] == "-0.070 (1 seed)" and lines["learned vs dense"][2] == "missing"
     assert grid.comparisons_table(rows, {}) == ""
-    path = write_grid(tmp_path / "g.py", {"routed": {}, "local": {}}, extra=f"comparisons = {{'q': ['routed', 'local']}}")
+    path = write_grid(tmp_path / "g.py", {"routed": {}, "local": {}}, extra="comparisons = {'q': ['routed', 'local']}")
     assert load_grid(path).comparisons == {"q": ("routed", "local")}
 
 
@@ -271,16 +260,16 @@ def test_a_summary_puts_records_side_by_side_from_their_rows_json(tmp_path, caps
     assert folder.endswith("_both") and set(os.listdir(os.path.join(out, folder))) == {"README.md", "table.md",
                                                                                         "pareto.png"}
     table = open(os.path.join(out, folder, "table.md")).read()
-    line = cells(table)["routed"]
+    line = table_cells(table)["routed"]
     # best fixed: dense 2.10, 2.12; local 2.30, 2.26 at seeds 1, 2
     worse = "+0.050 [+0.040, +0.060] worse on every seed"
     assert line[:2] == ["routed", "RR"] and line[2:7] == ["2.160", "15.0%", "50%", worse,
                                                           "-0.120 [-0.140, -0.100] better on every seed"]
     assert line[7:11] == ["3.160", "15.0%", "50%", worse] and "| bpe: val loss |" in table
-    assert cells(table)["dense"][5] == "best fixed"
+    assert table_cells(table)["dense"][5] == "best fixed"
     # the comparisons: bytes asks one question, bpe none, and bpe answers it too (it has both runs)
     better = "-0.120 [-0.140, -0.100] better on every seed"
-    assert cells(table)["learned vs local"][1:] == ["routed - local", better, better]
+    assert table_cells(table)["learned vs local"][1:] == ["routed - local", better, better]
     png = open(os.path.join(out, folder, "pareto.png"), "rb").read()
     assert png.startswith(b"\x89PNG") and 5_000 < len(png) < 200_000
     with pytest.raises(SystemExit, match="rows.json not found"):
@@ -309,88 +298,3 @@ def test_the_committed_grids_plan(tmp_path):
             assert {"local", "dense"} <= set(g.references.values())
             assert all(len(g.run_seeds[r]) >= 2 for r in g.runs)
             assert grid.window_groups(jobs)  # the window sweep
-
-
-@pytest.mark.slow
-def test_grid_runs_skips_what_is_complete_resumes_what_is_not_and_writes_the_record(tmp_path, tiny_corpus):
-    out, records = str(tmp_path / "out"), str(tmp_path / "results")
-    runs = {"local": {"schedule": "L"}, "routed": {"schedule": "R"},
-            "broken": {"schedule": "G", "trainable": "router"}}  # train.py refuses it at start
-    evaluate = "evaluate = {'eval_tokens': 512, 'thresholds': [0.3, 0.7], 'device': 'cpu'}\n" \
-        "comparisons = {'routed vs local': ('routed', 'local')}\n"
-    path = write_grid(tmp_path / "two.py", runs, {**TINY, "data_dir": str(tiny_corpus)}, extra=evaluate)
-    argv = [path, "--jobs=2", f"--out={out}", f"--record_dir={records}"]
-    assert compare.main(argv) == 1  # broken failed: the grid is incomplete
-    g = load_grid(path)
-    jobs = {job.run: job for job in plan(g, out)}
-    for run in ("local", "routed"):
-        summary = json.load(open(os.path.join(jobs[run].out_dir, "train_summary.json")))
-        assert summary["complete"] and summary["iter_num"] == 6
-        assert os.path.isfile(os.path.join(jobs[run].out_dir, "eval.json"))
-    (record,) = os.listdir(records)
-    assert record.endswith("_two")
-    files = set(os.listdir(os.path.join(records, record)))
-    assert {"README.md", "table.md", "two.py", "pareto.png", "window.png", "val_curves.png",
-            "heatmap_routed.png"} <= files
-    table = open(os.path.join(records, record, "table.md")).read()
-    assert "| broken | GG | 0 of 1 (seed 1 failed: train.py exited with 1" in table and "**Incomplete**" in table
-    assert cells(table)["routed vs local"][1] == "routed - local" and "(1 seed)" in cells(table)["routed vs local"][2]
-    readme = open(os.path.join(records, record, "README.md")).read()
-    assert "A test grid: does the runner work?" in readme and "python compare.py " + path in readme
-    assert "step 6: val loss" in readme  # the final log lines
-    assert "this invocation: 5 processes" in readme  # local and routed: train, evaluate; broken: train
-
-    logs = {run: os.path.getmtime(os.path.join(jobs[run].out_dir, "train.log")) for run in ("local", "routed")}
-    launched = {run: len(grid.launches(jobs[run].out_dir)) for run in ("local", "routed")}
-    assert launched == {"local": 2, "routed": 2}  # train + evaluate
-    del runs["broken"]
-    runs["routed"]["max_iters"] = 9  # the grid asks for more: routed resumes from its step-6 checkpoint
-    write_grid(tmp_path / "two.py", runs, {**TINY, "data_dir": str(tiny_corpus)}, extra=evaluate)
-    log_size = os.path.getsize(os.path.join(jobs["routed"].out_dir, "train.log"))
-    handlers = [signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)]
-    assert compare.main(argv) == 0
-    # the grid's stop handler is gone afterwards (left installed, it made later forked workers ignore SIGTERM)
-    assert [signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)] == handlers
-    assert sorted(os.listdir(records)) == [record, record + "_2"]  # a record is written once: the new one beside it
-    assert os.path.getmtime(os.path.join(jobs["local"].out_dir, "train.log")) == logs["local"]
-    assert len(grid.launches(jobs["local"].out_dir)) == 2  # nothing launched for the complete run
-    resumed = grid.launches(jobs["routed"].out_dir)[2:]
-    assert [launch["step"] for launch in resumed] == ["train", "evaluate"]
-    assert "--init_from=resume" in resumed[0]["argv"] and "--max_iters=9" in resumed[0]["argv"]
-    with open(os.path.join(jobs["routed"].out_dir, "train.log")) as f:
-        new_lines = f.read()[log_size:]
-    steps = [int(line.split(":")[0].split()[1]) for line in new_lines.splitlines() if line.startswith("iter ")]
-    assert steps == [7, 8, 9]  # continued from step 6, not from 0
-    summary = json.load(open(os.path.join(jobs["routed"].out_dir, "train_summary.json")))
-    assert summary["complete"] and summary["iter_num"] == 9
-    assert [step for step, _ in summary["val_history"]] == [0, 3, 6, 6, 9]  # the first launch's evals, then more
-    assert "this invocation: 2 processes" in open(os.path.join(records, record + "_2", "README.md")).read()
-    assert compare.main(argv) == 0  # everything complete: the record is drawn again from the runs' files
-    assert "this invocation started no process" in open(os.path.join(records, record + "_3", "README.md")).read()
-
-    runs["routed"]["router_lambda"] = 0.5  # another command for a trained run folder: refused, nothing runs
-    write_grid(tmp_path / "two.py", runs, {**TINY, "data_dir": str(tiny_corpus)}, extra=evaluate)
-    with pytest.raises(SystemExit, match="was trained with another command .*--router_lambda=0.5.*delete that folder"):
-        compare.main(argv)
-
-
-@pytest.mark.slow
-def test_a_signal_stops_the_grid_and_every_run_saves_its_step(tmp_path, tiny_corpus):
-    out = str(tmp_path / "out")
-    runs = {"long": {"schedule": "R", "max_iters": 100000, "lr_decay_iters": 1000, "log_interval": 1},
-            "later": {"schedule": "L"}}
-    path = write_grid(tmp_path / "stop.py", runs, {**TINY, "data_dir": str(tiny_corpus)})
-    proc = subprocess.Popen([sys.executable, "compare.py", path, "--jobs=1", f"--out={out}",
-                             f"--record_dir={tmp_path / 'results'}"], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    log = os.path.join(out, "stop", "long__seed_1", "train.log")
-    deadline = time.time() + 120
-    while time.time() < deadline and not (os.path.exists(log) and "iter 3:" in open(log).read()):
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGINT)  # as a Ctrl-C to the runner alone
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130 and "run the same command again to resume" in err, err
-    step = checkpoint.load_checkpoint(os.path.dirname(log), "cpu")["iter_num"]
-    assert step >= 3 and "stopped by SIGTERM: saved" in open(log).read()
-    assert not os.path.exists(os.path.join(out, "stop", "later__seed_1"))  # no new run started
-    assert not os.path.exists(tmp_path / "results")  # and no record of an unfinished grid

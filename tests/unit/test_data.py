@@ -1,10 +1,6 @@
-import json
 import os
-import signal
-import subprocess
 import sys
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,18 +8,14 @@ import tiktoken
 import torch
 
 import data.prepare
-import train
-from nanoaha.configurator import parse_args
 from data.fineweb_edu.prepare import main as fineweb_main
 from data.loader import TokenData
 from data.prepare import fetch, prepare, prepare_files
 from data.prepare import main as prepare_main
 from data.shakespeare.prepare import main as shakespeare_main
 from data.tokens import Encoder, read_meta, token_dtype, write_meta
-from model import GPT, GPTConfig
-from processes import run_in_own_session
+from helpers import documents_of, write_corpus, write_jsonl
 
-ROOT = Path(__file__).resolve().parents[1]
 SPEECHES = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n" * 20
 
 
@@ -35,23 +27,8 @@ def gpt2():
         pytest.skip(str(e))
 
 
-def documents_of(out_dir, split):
-    """The documents of a split, decoded (the end-of-text tokens split them)."""
-    meta = read_meta(out_dir)
-    tokens = np.fromfile(os.path.join(out_dir, f"{split}.bin"), dtype=meta["dtype"])
-    assert tokens[-1] == meta["eot_token"]
-    encoder = Encoder(meta["encoding"], meta.get("chars"))
-    ends = np.flatnonzero(tokens == meta["eot_token"])
-    return [encoder.decode(tokens[start:end]) for start, end in zip(np.concatenate([[0], ends[:-1] + 1]), ends)]
-
-
 def all_documents(out_dir):
     return Counter(documents_of(out_dir, "train") + documents_of(out_dir, "val"))
-
-
-def write_jsonl(path, texts, field="text"):
-    path.write_text("".join(json.dumps({field: t, "id": i}) + "\n" for i, t in enumerate(texts)))
-    return path
 
 
 def test_every_input_format_becomes_documents(tmp_path):
@@ -154,27 +131,6 @@ def test_parallel_encoding_writes_the_same_files(tmp_path, monkeypatch, encoding
         assert (tmp_path / "serial" / file).read_bytes() == (tmp_path / "parallel" / file).read_bytes()
 
 
-def test_encoding_workers_end_on_sigterm_whatever_handler_the_parent_installed(tmp_path):
-    # the pool ends its workers with SIGTERM; a forked worker that kept a parent's flag-only handler (train.py's,
-    # compare.py's) survived it, and the pool waited for it forever (CI hung in this file after test_compare)
-    handlers = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        data.prepare._start_worker("bytes", None)
-        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
-        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
-    finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
-    source = write_jsonl(tmp_path / "docs.jsonl", [f"text {i} " * 20 for i in range(200)])
-    script = ("import signal, sys; signal.signal(signal.SIGTERM, lambda *_: None); import data.prepare as p; "
-              "p.CHUNK_CHARS = 500; p.prepare_files([sys.argv[1]], sys.argv[2], encoding='bytes', num_proc=2, "
-              "progress=False)")
-    for attempt in range(3):  # the hang needed a worker waiting on the queue's lock when the pool ended: 1 in ~6
-        done = run_in_own_session([sys.executable, "-c", script, str(source), str(tmp_path / f"out{attempt}")],
-                                  timeout=60, cwd=ROOT)
-        assert done.returncode == 0
-
-
 def test_rerun_replaces_the_output_and_max_tokens_stops_early(tmp_path):
     big = write_jsonl(tmp_path / "big.jsonl", [f"a longer document {i} " * 50 for i in range(100)])
     small = write_jsonl(tmp_path / "small.jsonl", [f"short {i}" for i in range(40)])
@@ -226,18 +182,6 @@ def test_missing_tiktoken_files_say_how_to_fix_it(tmp_path, monkeypatch, cache_e
     (tmp_path / "one.txt").write_text("text")
     with pytest.raises(OSError, match=f"'cl100k_base' encoding.*{expected}.*set TIKTOKEN_CACHE_DIR=DIR"):
         prepare_files([tmp_path / "one.txt"], str(tmp_path / "out"), encoding="cl100k_base")
-
-
-def write_corpus(path, docs, eot=0):
-    """A byte-level corpus with documents docs (lists of token ids), all in both splits."""
-    path.mkdir(exist_ok=True)
-    tokens = np.concatenate([np.append(np.asarray(d, np.uint16), eot) for d in docs]).astype(np.uint16)
-    for split in ("train", "val"):
-        tokens.tofile(path / f"{split}.bin")
-    meta = {"encoding": "bytes", "vocab_size": 256, "dtype": "uint16", "eot_token": eot,
-            "train_tokens": len(tokens), "val_tokens": len(tokens)}
-    write_meta(str(path), meta)
-    return meta
 
 
 def test_loader_checks_say_what_is_wrong(tmp_path):
@@ -301,18 +245,6 @@ def test_shakespeare_bpe(tmp_path, gpt2):
     assert all_documents(tmp_path)["All:\nSpeak, speak."] == 20
 
 
-@pytest.mark.slow  # a subprocess encoding the standard library
-def test_python_stdlib_command_line(tmp_path):
-    out = tmp_path / "stdlib"
-    done = subprocess.run([sys.executable, "data/python_stdlib/prepare.py", f"--out_dir={out}", "--max_tokens=200000",
-                           "--num_proc=1"], cwd=ROOT, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    meta = read_meta(out)
-    assert (meta["encoding"], meta["vocab_size"], meta["eot_token"]) == ("bytes", 256, 0)
-    assert meta["source"].startswith("Python ") and "standard library" in meta["source"]
-    assert "import" in "".join(documents_of(out, "train"))
-
-
 def test_fineweb_reads_local_files_and_streams_from_the_hub(tmp_path, monkeypatch):
     pyarrow = pytest.importorskip("pyarrow")
     import pyarrow.parquet
@@ -336,29 +268,3 @@ def test_fineweb_reads_local_files_and_streams_from_the_hub(tmp_path, monkeypatc
     monkeypatch.setitem(sys.modules, "datasets", None)  # not installed
     with pytest.raises(ImportError, match="pip install datasets.*--local"):
         fineweb_main([f"--out_dir={tmp_path / 'hub'}", "--encoding=bytes"])
-
-
-@pytest.mark.slow  # trains a model
-def test_training_with_document_aligned_windows(tmp_path, monkeypatch):
-    rng = np.random.default_rng(0)
-    write_corpus(tmp_path / "c", [rng.integers(1, 256, size=rng.integers(5, 80)) for _ in range(60)])
-    args = [f"--data_dir='{tmp_path / 'c'}'", f"--out_dir='{tmp_path / 'out'}'", "--doc_aligned_windows", "--max_iters=2",
-            "--block_size=16", "--window=4", "--n_layer=1", "--n_head=2", "--n_embd=16", "--eval_iters=1",
-            "--tensorboard=False", "--save_checkpoint=False", "--device='cpu'"]
-    inputs = []
-    forward = GPT.forward
-
-    def recording_forward(self, idx, targets=None, **kwargs):
-        inputs.append((self.training, idx.clone()))
-        return forward(self, idx, targets, **kwargs)
-
-    monkeypatch.setattr(GPT, "forward", recording_forward)
-    result = train.train(*parse_args(args, train.TrainConfig, GPTConfig))
-    assert len(result["losses"]) == 2 and np.isfinite(result["val_loss"])
-    # every window the model saw, in training and in evaluation, opens a document
-    tokens = np.fromfile(tmp_path / "c" / "train.bin", dtype=np.uint16)
-    doc_starts = {0} | {i + 1 for i in np.flatnonzero(tokens == 0)}
-    openings = {tuple(tokens[i:i + 16]) for i in doc_starts if i + 16 <= len(tokens)}
-    assert {training for training, _ in inputs} == {True, False}
-    for _, idx in inputs:
-        assert all(tuple(row) in openings for row in idx.tolist())

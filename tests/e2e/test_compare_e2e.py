@@ -1,0 +1,96 @@
+import json
+import os
+import signal
+import time
+
+import pytest
+
+import compare
+from helpers import Script, table_cells, write_grid
+from nanoaha import checkpoint, grid
+from nanoaha.grid import load_grid, plan
+
+TINY = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 32, "window": 8, "batch_size": 4,
+        "max_iters": 6, "warmup_iters": 2, "eval_interval": 3, "eval_iters": 1, "log_interval": 1,
+        "router_lambda_ramp": 2, "tensorboard": False, "device": "cpu"}
+
+
+def test_grid_runs_skips_what_is_complete_resumes_what_is_not_and_writes_the_record(tmp_path, tiny_corpus):
+    out, records = str(tmp_path / "out"), str(tmp_path / "results")
+    runs = {"local": {"schedule": "L"}, "routed": {"schedule": "R"},
+            "broken": {"schedule": "G", "trainable": "router"}}  # train.py refuses it at start
+    evaluate = "evaluate = {'eval_tokens': 512, 'thresholds': [0.3, 0.7], 'device': 'cpu'}\n" \
+        "comparisons = {'routed vs local': ('routed', 'local')}\n"
+    path = write_grid(tmp_path / "two.py", runs, {**TINY, "data_dir": str(tiny_corpus)}, extra=evaluate)
+    argv = [path, "--jobs=2", f"--out={out}", f"--record_dir={records}"]
+    assert compare.main(argv) == 1  # broken failed: the grid is incomplete
+    g = load_grid(path)
+    jobs = {job.run: job for job in plan(g, out)}
+    for run in ("local", "routed"):
+        summary = json.load(open(os.path.join(jobs[run].out_dir, "train_summary.json")))
+        assert summary["complete"] and summary["iter_num"] == 6
+        assert os.path.isfile(os.path.join(jobs[run].out_dir, "eval.json"))
+    (record,) = os.listdir(records)
+    assert record.endswith("_two")
+    files = set(os.listdir(os.path.join(records, record)))
+    assert {"README.md", "table.md", "two.py", "pareto.png", "window.png", "val_curves.png",
+            "heatmap_routed.png"} <= files
+    table = open(os.path.join(records, record, "table.md")).read()
+    assert "| broken | GG | 0 of 1 (seed 1 failed: train.py exited with 1" in table and "**Incomplete**" in table
+    assert table_cells(table)["routed vs local"][1] == "routed - local" and "(1 seed)" in table_cells(table)["routed vs local"][2]
+    readme = open(os.path.join(records, record, "README.md")).read()
+    assert "A test grid: does the runner work?" in readme and "python compare.py " + path in readme
+    assert "step 6: val loss" in readme  # the final log lines
+    assert "this invocation: 5 processes" in readme  # local and routed: train, evaluate; broken: train
+
+    logs = {run: os.path.getmtime(os.path.join(jobs[run].out_dir, "train.log")) for run in ("local", "routed")}
+    launched = {run: len(grid.launches(jobs[run].out_dir)) for run in ("local", "routed")}
+    assert launched == {"local": 2, "routed": 2}  # train + evaluate
+    del runs["broken"]
+    runs["routed"]["max_iters"] = 9  # the grid asks for more: routed resumes from its step-6 checkpoint
+    write_grid(tmp_path / "two.py", runs, {**TINY, "data_dir": str(tiny_corpus)}, extra=evaluate)
+    log_size = os.path.getsize(os.path.join(jobs["routed"].out_dir, "train.log"))
+    handlers = [signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)]
+    assert compare.main(argv) == 0
+    # the grid's stop handler is gone afterwards (left installed, it made later forked workers ignore SIGTERM)
+    assert [signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)] == handlers
+    assert sorted(os.listdir(records)) == [record, record + "_2"]  # a record is written once: the new one beside it
+    assert os.path.getmtime(os.path.join(jobs["local"].out_dir, "train.log")) == logs["local"]
+    assert len(grid.launches(jobs["local"].out_dir)) == 2  # nothing launched for the complete run
+    resumed = grid.launches(jobs["routed"].out_dir)[2:]
+    assert [launch["step"] for launch in resumed] == ["train", "evaluate"]
+    assert "--init_from=resume" in resumed[0]["argv"] and "--max_iters=9" in resumed[0]["argv"]
+    with open(os.path.join(jobs["routed"].out_dir, "train.log")) as f:
+        new_lines = f.read()[log_size:]
+    steps = [int(line.split(":")[0].split()[1]) for line in new_lines.splitlines() if line.startswith("iter ")]
+    assert steps == [7, 8, 9]  # continued from step 6, not from 0
+    summary = json.load(open(os.path.join(jobs["routed"].out_dir, "train_summary.json")))
+    assert summary["complete"] and summary["iter_num"] == 9
+    assert [step for step, _ in summary["val_history"]] == [0, 3, 6, 6, 9]  # the first launch's evals, then more
+    assert "this invocation: 2 processes" in open(os.path.join(records, record + "_2", "README.md")).read()
+    assert compare.main(argv) == 0  # everything complete: the record is drawn again from the runs' files
+    assert "this invocation started no process" in open(os.path.join(records, record + "_3", "README.md")).read()
+
+    runs["routed"]["router_lambda"] = 0.5  # another command for a trained run folder: refused, nothing runs
+    write_grid(tmp_path / "two.py", runs, {**TINY, "data_dir": str(tiny_corpus)}, extra=evaluate)
+    with pytest.raises(SystemExit, match="was trained with another command .*--router_lambda=0.5.*delete that folder"):
+        compare.main(argv)
+
+
+def test_a_signal_stops_the_grid_and_every_run_saves_its_step(tmp_path, tiny_corpus):
+    out = str(tmp_path / "out")
+    runs = {"long": {"schedule": "R", "max_iters": 100000, "lr_decay_iters": 1000, "log_interval": 1},
+            "later": {"schedule": "L"}}
+    path = write_grid(tmp_path / "stop.py", runs, {**TINY, "data_dir": str(tiny_corpus)})
+    log = os.path.join(out, "stop", "long__seed_1", "train.log")
+    with Script("compare.py", path, "--jobs=1", f"--out={out}", f"--record_dir={tmp_path / 'results'}") as proc:
+        deadline = time.time() + 120
+        while time.time() < deadline and not (os.path.exists(log) and "iter 3:" in open(log).read()):
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)  # as a Ctrl-C to the runner alone
+        returncode, _, err = proc.finish()
+    assert returncode == 130 and "run the same command again to resume" in err, err
+    step = checkpoint.load_checkpoint(os.path.dirname(log), "cpu")["iter_num"]
+    assert step >= 3 and "stopped by SIGTERM: saved" in open(log).read()
+    assert not os.path.exists(os.path.join(out, "stop", "later__seed_1"))  # no new run started
+    assert not os.path.exists(tmp_path / "results")  # and no record of an unfinished grid

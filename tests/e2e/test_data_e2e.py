@@ -1,0 +1,67 @@
+import signal
+import sys
+
+import numpy as np
+
+import data.prepare
+import train
+from data.tokens import read_meta
+from helpers import ROOT, documents_of, run_in_own_session, run_script, write_corpus, write_jsonl
+from model import GPT, GPTConfig
+from nanoaha.configurator import parse_args
+
+
+def test_encoding_workers_end_on_sigterm_whatever_handler_the_parent_installed(tmp_path):
+    # the pool ends its workers with SIGTERM; a forked worker that kept a parent's flag-only handler (train.py's,
+    # compare.py's) survived it, and the pool waited for it forever (CI hung in this file after test_compare)
+    handlers = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        data.prepare._start_worker("bytes", None)
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    source = write_jsonl(tmp_path / "docs.jsonl", [f"text {i} " * 20 for i in range(200)])
+    script = ("import signal, sys; signal.signal(signal.SIGTERM, lambda *_: None); import data.prepare as p; "
+              "p.CHUNK_CHARS = 500; p.prepare_files([sys.argv[1]], sys.argv[2], encoding='bytes', num_proc=2, "
+              "progress=False)")
+    for attempt in range(3):  # the hang needed a worker waiting on the queue's lock when the pool ended: 1 in ~6
+        done = run_in_own_session([sys.executable, "-c", script, str(source), str(tmp_path / f"out{attempt}")],
+                                  timeout=60, cwd=ROOT)
+        assert done.returncode == 0
+
+
+def test_python_stdlib_command_line(tmp_path):
+    out = tmp_path / "stdlib"
+    done = run_script("data/python_stdlib/prepare.py", f"--out_dir={out}", "--max_tokens=200000", "--num_proc=1")
+    assert done.returncode == 0, done.stderr
+    meta = read_meta(out)
+    assert (meta["encoding"], meta["vocab_size"], meta["eot_token"]) == ("bytes", 256, 0)
+    assert meta["source"].startswith("Python ") and "standard library" in meta["source"]
+    assert "import" in "".join(documents_of(out, "train"))
+
+
+def test_training_with_document_aligned_windows(tmp_path, monkeypatch):
+    rng = np.random.default_rng(0)
+    write_corpus(tmp_path / "c", [rng.integers(1, 256, size=rng.integers(5, 80)) for _ in range(60)])
+    args = [f"--data_dir='{tmp_path / 'c'}'", f"--out_dir='{tmp_path / 'out'}'", "--doc_aligned_windows", "--max_iters=2",
+            "--block_size=16", "--window=4", "--n_layer=1", "--n_head=2", "--n_embd=16", "--eval_iters=1",
+            "--tensorboard=False", "--save_checkpoint=False", "--device='cpu'"]
+    inputs = []
+    forward = GPT.forward
+
+    def recording_forward(self, idx, targets=None, **kwargs):
+        inputs.append((self.training, idx.clone()))
+        return forward(self, idx, targets, **kwargs)
+
+    monkeypatch.setattr(GPT, "forward", recording_forward)
+    result = train.train(*parse_args(args, train.TrainConfig, GPTConfig))
+    assert len(result["losses"]) == 2 and np.isfinite(result["val_loss"])
+    # every window the model saw, in training and in evaluation, opens a document
+    tokens = np.fromfile(tmp_path / "c" / "train.bin", dtype=np.uint16)
+    doc_starts = {0} | {i + 1 for i in np.flatnonzero(tokens == 0)}
+    openings = {tuple(tokens[i:i + 16]) for i in doc_starts if i + 16 <= len(tokens)}
+    assert {training for training, _ in inputs} == {True, False}
+    for _, idx in inputs:
+        assert all(tuple(row) in openings for row in idx.tolist())

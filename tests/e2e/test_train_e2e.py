@@ -1,0 +1,178 @@
+import json
+import math
+import re
+
+import pytest
+import torch
+
+import train
+from helpers import run_script, tiny_train_configs
+from model import GPT, GPTConfig
+from nanoaha import checkpoint
+from nanoaha.configurator import parse_args
+from train import LambdaController, TrainConfig, lr_at
+
+
+def test_short_training_lowers_the_loss_at_the_scheduled_learning_rate(tmp_path, tiny_corpus, capsys, monkeypatch):
+    stepped_at = []  # the learning rate of every optimizer step, in every parameter group
+    step = torch.optim.AdamW.step
+
+    def recording_step(self, *args, **kwargs):
+        stepped_at.append([group["lr"] for group in self.param_groups])
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", recording_step)
+    tcfg, mcfg = tiny_train_configs(tmp_path, tiny_corpus, p_dense=0.2, log_interval=1)
+    result = train.train(tcfg, mcfg)
+    losses = result["losses"]
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.5
+    assert result["val_loss"] < losses[0]
+    assert stepped_at == [pytest.approx([lr_at(it, tcfg)] * 2) for it in range(tcfg.max_iters)]
+    logged = re.findall(r"^iter (\d+): .* lr ([0-9.e+-]+) \|", capsys.readouterr().out, re.M)
+    assert len(logged) == tcfg.max_iters
+    for it, lr in logged:  # the log shows the rate of the step it reports, to 3 digits
+        assert float(lr) == pytest.approx(lr_at(int(it) - 1, tcfg), rel=5e-3)
+
+
+@pytest.mark.parametrize("p_dense", [0.0, 0.5, 1.0])
+def test_forced_global_steps_happen_at_rate_p_dense(tmp_path, tiny_corpus, capsys, p_dense):
+    train.train(*tiny_train_configs(tmp_path, tiny_corpus, max_iters=30, log_interval=1, eval_interval=100, p_dense=p_dense))
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("iter ")]
+    forced = sum("[forced global]" in line for line in lines)
+    assert len(lines) == 30
+    if p_dense in (0.0, 1.0):
+        assert forced == 30 * p_dense
+    else:
+        assert 5 <= forced <= 25
+
+
+def test_training_passes_lambda_and_budget_to_the_loss(tmp_path, tiny_corpus, monkeypatch):
+    calls = []
+    forward = GPT.forward
+
+    def recording_forward(self, idx, targets=None, **kwargs):
+        if self.training:
+            calls.append(kwargs)
+        return forward(self, idx, targets, **kwargs)
+
+    monkeypatch.setattr(GPT, "forward", recording_forward)
+    train.train(*tiny_train_configs(tmp_path, tiny_corpus, max_iters=4, router_lambda=0.5, router_lambda_ramp=2,
+                         router_budget=0.25, eval_interval=100))
+    assert [c["router_budget"] for c in calls] == [0.25] * 4
+    assert [c["penalty_weight"] for c in calls] == [0.25, 0.5, 0.5, 0.5]
+
+
+def test_lambda_controller_raises_lambda_above_the_target_and_lowers_it_below_zero():
+    tcfg, _ = parse_args(["--router_target_global=0.2", "--router_lambda=0.01", "--router_target_rate=0.5"],
+                         TrainConfig, GPTConfig)
+    shared = LambdaController(tcfg, 3)
+    torch.testing.assert_close(shared.weights(3), torch.full((3,), 0.01))  # starts at router_lambda
+    shared.update(torch.tensor([0.9, 0.1, 0.2]))  # mean 0.4: twice the target, error clipped to 1
+    torch.testing.assert_close(shared.weights(3), torch.full((3,), 0.01 * math.sinh(1.5) / math.sinh(1.0)))
+    tcfg.router_target_per_layer = True
+    per_layer = LambdaController(tcfg, 3)
+    for _ in range(4):  # layer 0 above its target, 1 below it, 2 on it
+        per_layer.update(torch.tensor([0.9, 0.0, 0.2]))
+    lam = per_layer.weights(3)
+    assert lam[0] > 0.01 and lam[1] < 0 and lam[2] == pytest.approx(0.01)  # below zero: a reward for global
+    for _ in range(100):
+        per_layer.update(torch.tensor([1.0, 0.0, 0.2]))
+    torch.testing.assert_close(per_layer.weights(3)[:2], torch.tensor([1.0, -1.0]))  # +- router_lambda_max
+
+
+def test_budget_targeted_training_adapts_lambda_and_writes_the_summary(tmp_path, tiny_corpus, capsys):
+    """Routers start all global (bias 3): lambda grows, up to router_lambda_max, while the layers stay above
+    the target; the summary file says so."""
+    result = train.train(*tiny_train_configs(tmp_path, tiny_corpus, max_iters=60, router_target_global=0.25, router_lambda=0.01,
+                                  router_target_rate=0.2, router_lambda_ramp=0, router_init_bias=3.0,
+                                  router_target_per_layer=True, router_lambda_max=0.5))
+    with open(tmp_path / "out" / "train_summary.json") as f:
+        summary = json.load(f)
+    assert summary["complete"] and summary["iter_num"] == 60 and summary["max_iters"] == 60
+    assert [it for it, _ in summary["val_history"]] == [0, 20, 40, 60]
+    assert summary["val_loss"] == pytest.approx(result["val_loss"]) and summary["tokens_per_s"] > 0
+    assert summary["router_lambdas"] == [pytest.approx(0.5, rel=1e-5)] * 2  # pushed up from 0.01, capped
+    assert len(summary["global_frac_per_layer"]) == 2
+
+
+def test_sparse_from_iter_trains_exact_first_then_sparse(tmp_path, tiny_corpus, monkeypatch):
+    modes = []
+    forward = GPT.forward
+
+    def recording_forward(self, idx, targets=None, **kwargs):
+        out = forward(self, idx, targets, **kwargs)
+        if self.training:
+            modes.append(out.routed_mode)
+        return out
+
+    monkeypatch.setattr(GPT, "forward", recording_forward)
+    train.train(*tiny_train_configs(tmp_path, tiny_corpus, max_iters=6, routed_mode="sparse", sparse_from_iter=4,
+                         eval_interval=100))
+    assert modes == ["exact"] * 4 + ["sparse"] * 2
+    assert checkpoint.load_checkpoint(str(tmp_path / "out"), "cpu")["model_config"]["routed_mode"] == "sparse"
+    with pytest.raises(ValueError, match="set routed_mode='sparse'"):
+        train.train(*tiny_train_configs(tmp_path, tiny_corpus, max_iters=2, sparse_from_iter=1))
+    with pytest.raises(ValueError, match="needs learned routers"):
+        train.train(*tiny_train_configs(tmp_path, tiny_corpus, max_iters=2, schedule="G", router_target_global=0.1))
+
+
+def test_resume_continues_with_identical_losses(tmp_path, tiny_corpus):
+    common = {"lr_decay_iters": 12, "eval_interval": 100, "p_dense": 0.3, "routing": "random", "dropout": 0.1}
+    straight = train.train(*tiny_train_configs(tmp_path / "a", tiny_corpus, max_iters=12, **common))["losses"]
+    train.train(*tiny_train_configs(tmp_path / "b", tiny_corpus, max_iters=6, **common))
+    resumed = train.train(*tiny_train_configs(tmp_path / "b", tiny_corpus, max_iters=12, init_from="resume", **common))["losses"]
+    assert resumed == straight[6:]
+
+
+def test_resume_refuses_another_model_shape(tmp_path, tiny_corpus):
+    train.train(*tiny_train_configs(tmp_path, tiny_corpus, max_iters=2))
+    with pytest.raises(ValueError, match="model config differs"):
+        train.train(*tiny_train_configs(tmp_path, tiny_corpus, max_iters=4, init_from="resume", n_embd=64))
+
+
+def test_finetune_dense_checkpoint_into_routed_model(tmp_path, tiny_corpus):
+    train.train(*tiny_train_configs(tmp_path / "dense", tiny_corpus, max_iters=2, schedule="G"))
+    result = train.train(*tiny_train_configs(tmp_path / "routed", tiny_corpus, max_iters=0, schedule="R",
+                                  init_from=str(tmp_path / "dense" / "out")))
+    assert result["routing"]["routed_global_frac"].item() == 1.0  # zero-initialised routers start all-global
+    with pytest.raises(ValueError, match="another model shape"):
+        train.train(*tiny_train_configs(tmp_path / "wide", tiny_corpus, max_iters=2, n_embd=64,
+                             init_from=str(tmp_path / "dense" / "out")))
+
+
+def test_router_only_finetune_leaves_the_rest_frozen(tmp_path, tiny_corpus):
+    train.train(*tiny_train_configs(tmp_path / "dense", tiny_corpus, max_iters=2, schedule="G"))
+    dense = torch.load(tmp_path / "dense" / "out" / "ckpt.pt", weights_only=False)["model"]
+    train.train(*tiny_train_configs(tmp_path / "ft", tiny_corpus, max_iters=5, schedule="R", trainable="router",
+                         router_lambda_ramp=0, init_from=str(tmp_path / "dense" / "out")))
+    tuned = torch.load(tmp_path / "ft" / "out" / "ckpt.pt", weights_only=False)["model"]
+    routers = [name for name in tuned if ".router." in name]
+    assert routers and all(torch.equal(tuned[name], dense[name]) for name in dense)
+    assert any(not torch.equal(tuned[name], torch.zeros_like(tuned[name])) for name in routers)
+    with pytest.raises(ValueError, match="needs learned routers"):
+        train.train(*tiny_train_configs(tmp_path / "g", tiny_corpus, max_iters=1, schedule="G", trainable="router"))
+
+
+def test_train_and_sample_command_lines(tmp_path, tiny_corpus):
+    out = tmp_path / "out"
+    trained = run_script("train.py", "configs/quickstart.py", f"--data_dir={tiny_corpus}", f"--out_dir={out}",
+                  "--max_iters=3", "--eval_iters=1", "--block_size=32", "--window=8", "--n_layer=1",
+                  "--log_interval=1", "--device=cpu")
+    assert trained.returncode == 0, trained.stderr
+    assert "iter 3: loss" in trained.stdout and "tok/s" in trained.stdout
+    sampled = run_script("sample.py", f"--out_dir={out}", "--start=def ", "--max_new_tokens=10", "--show_routing",
+                  "--device=cpu")
+    assert sampled.returncode == 0, sampled.stderr
+    assert "heads that went global" in sampled.stdout and "\x1b[48;5;" in sampled.stdout
+    assert re.search(r"\[prefill 4 tokens, [0-9,]+ tok/s \| decode 9 tokens, [0-9,]+ tok/s \| KV cache [0-9.]+ MiB\]",
+                     sampled.stdout)
+    bad = run_script("train.py", "configs/quickstart.py", "--max_iter=3")
+    assert bad.returncode != 0 and "did you mean max_iters" in bad.stderr
+
+
+def test_compile_trains_like_eager_on_the_cpu(tmp_path, tiny_corpus):
+    common = {"max_iters": 3, "eval_interval": 100, "n_layer": 1, "schedule": "G", "attention_backend": "torch"}
+    eager = train.train(*tiny_train_configs(tmp_path / "eager", tiny_corpus, **common))
+    compiled = train.train(*tiny_train_configs(tmp_path / "compiled", tiny_corpus, compile=True, **common))
+    assert compiled["losses"] == pytest.approx(eager["losses"], rel=1e-4)
+    assert compiled["val_loss"] == pytest.approx(eager["val_loss"], rel=1e-4)

@@ -1,0 +1,90 @@
+import json
+import math
+import os
+from dataclasses import asdict
+
+import pytest
+import torch
+
+import evaluate
+import prune
+from model import GPT, GPTConfig
+from nanoaha.checkpoint import load_checkpoint, load_model, save_checkpoint
+from nanoaha.evaluation import kv_cache_summary
+from nanoaha.pruning import layers_to_prune, prune_checkpoint
+from nanoaha.routing_stats import kv_cache_bytes
+
+
+def untrained_checkpoint(path, corpus, **config):
+    """A checkpoint as train.py writes it, of a freshly initialised model (fast)."""
+    mcfg = GPTConfig(**{"block_size": 32, "n_layer": 2, "n_head": 2, "n_embd": 32, "window": 8, **config})
+    torch.manual_seed(0)
+    os.makedirs(path, exist_ok=True)
+    save_checkpoint(os.path.join(path, "ckpt.pt"), {
+        "model": GPT(mcfg).state_dict(), "optimizer": None, "model_config": asdict(mcfg),
+        "train_config": {"data_dir": str(corpus)}, "iter_num": 0, "best_val_loss": math.inf,
+        "data_meta": json.load(open(os.path.join(corpus, "meta.json"))), "rng": {}})
+    return str(path)
+
+
+def test_kv_cache_bytes_are_what_the_cache_holds():
+    config = GPTConfig(block_size=64, n_layer=3, n_head=2, n_embd=32, schedule="GLR", window=8, n_sink=2)
+    per_position = 2 * 2 * 16 * 4  # keys and values, 2 heads of 16, fp32
+    assert kv_cache_bytes(config, 40, 4) == per_position * (40 + 10 + 40)
+    assert kv_cache_bytes(config, 6, 4) == per_position * (6 + 6 + 6)
+    assert kv_cache_summary(config, 40, 4)["kv_cache_bytes_dense"] == per_position * 3 * 40
+    model = GPT(config).eval()
+    for prompt, steps in ((30, 10), (5, 1), (5, 0)):
+        cache = model.new_cache(capacity=prompt + steps)
+        with torch.no_grad():
+            model(torch.randint(256, (1, prompt)), cache=cache)
+            for _ in range(steps):
+                model(torch.randint(256, (1, 1)), cache=cache)
+        held = sum(c.bytes for c in cache)
+        assert held == kv_cache_bytes(config, prompt + steps, 4)
+
+
+def test_bad_input_ends_with_one_line(tmp_path, prepared_corpus):
+    small_vocab = untrained_checkpoint(tmp_path / "small_vocab", prepared_corpus, vocab_size=64)
+    good = untrained_checkpoint(tmp_path / "good", prepared_corpus)
+    for argv, message in (([str(tmp_path / "nothing")], "no checkpoint at"),
+                          ([str(tmp_path / "corpus")], "no checkpoint at"),  # a folder without runs
+                          ([small_vocab], "has vocab_size 256 but checkpoint"),
+                          ([good, "--thresholds=0.1,1.5"], "outside [0, 1]"),
+                          ([good, "--thresholds=-0.1"], "outside [0, 1]"),
+                          ([good, "--router_threshold=2.0"], "outside [0, 1]"),
+                          ([good, f"--data_dir={tmp_path / 'nowhere'}"], "meta.json not found"),
+                          ([good, "--eval_tokens=0"], "eval_tokens=0"),
+                          ([], "name at least one checkpoint")):
+        with pytest.raises(SystemExit) as e:
+            evaluate.main(argv + ["--device=cpu"])
+        assert message in str(e.value.code) and "\n" not in str(e.value.code), argv
+    for argv, message in (([good, "--out_dir="], "pass --out_dir"),
+                          ([good, f"--out_dir={good}"], "pass --out_dir"),  # never over the source
+                          ([good, f"--out_dir={tmp_path / 'p'}", "--min_global_frac=-1"], "min_global_frac=-1"),
+                          ([untrained_checkpoint(tmp_path / "dense", prepared_corpus, schedule="G"),
+                            f"--out_dir={tmp_path / 'p'}"], "no routed layers"),
+                          ([str(tmp_path / "nothing"), f"--out_dir={tmp_path / 'p'}"], "no checkpoint at"),
+                          ([f"--out_dir={tmp_path / 'p'}"], "name one checkpoint")):
+        with pytest.raises(SystemExit) as e:
+            prune.main(argv + ["--device=cpu"])
+        assert message in str(e.value.code) and "\n" not in str(e.value.code), argv
+    assert not os.path.exists(tmp_path / "p")
+
+
+def test_prune_checkpoint_turns_layers_local_and_drops_their_routers(tmp_path, prepared_corpus):
+    path = untrained_checkpoint(tmp_path / "run", prepared_corpus, n_layer=4, schedule="RG")
+    assert layers_to_prune([0.01, 1.0, 0.2, 1.0], GPTConfig(n_layer=4, schedule="RG").kinds, 0.05) == [0]
+    assert layers_to_prune([0.01, 1.0, 0.2, 1.0], GPTConfig(n_layer=4, schedule="RG").kinds, 0.3) == [0, 2]
+    assert layers_to_prune([0.5, None, 0.01, None], GPTConfig(n_layer=4, schedule="RL").kinds, 0.05) == [2]
+    ckpt = load_checkpoint(path, "cpu")
+    pruned = prune_checkpoint(ckpt, [2], {"from": path})
+    assert set(pruned) == set(ckpt) | {"pruned"} and pruned["optimizer"] is None
+    assert pruned["model_config"]["schedule"] == "RGLG" and ckpt["model_config"]["schedule"] == "RG"
+    assert pruned["pruned"] == {"layers": [2], "from": path}
+    assert set(ckpt["model"]) - set(pruned["model"]) == {"blocks.2.attn.router.logits.weight",
+                                                         "blocks.2.attn.router.logits.bias"}
+    save_checkpoint(str(tmp_path / "pruned.pt"), pruned)
+    model, _ = load_model(str(tmp_path / "pruned.pt"), "cpu")  # strict: no router left over, none missing
+    assert model.config.layer_letters == "RGLG" and model.blocks[2].attn.router is None
+    assert torch.equal(model.blocks[2].attn.qkv.weight, ckpt["model"]["blocks.2.attn.qkv.weight"])
