@@ -10,8 +10,10 @@ import pytest
 
 from nanoaha import checkpoint
 import compare
-from nanoaha import grid
-from nanoaha.grid import GridError, Row, best_fixed, gap_recovery, load_grid, plan, results_table, spread, train_argv
+from nanoaha.grid import plots, runner, tables
+from nanoaha.grid.gridfile import Grid, GridError, load_grid, run_order
+from nanoaha.grid.plan import launches, plan, train_argv, train_state, window_groups
+from nanoaha.grid.tables import Row, best_fixed, gap_recovery, results_table, spread
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 32, "window": 8, "batch_size": 4,
@@ -94,9 +96,9 @@ def test_matched_rates_come_from_the_learned_runs_evaluation_at_the_same_seed(tm
             with pytest.raises(GridError, match=r"random__seed_2 trained at per-layer rates \[0.25, 0.0, 0.0625, "
                                                  r"0.0\], but routed seed 2's evaluation now gives \[0.25, 0.0, 0.2, "
                                                  r"0.0\]: delete that folder"):
-                grid.train_state(random_2, g, out)
+                train_state(random_2, g, out)
         else:  # within the tolerance: the run stands (no summary yet: resume)
-            assert grid.train_state(random_2, g, out) == "resume"
+            assert train_state(random_2, g, out) == "resume"
 
 
 def test_run_jobs_keeps_the_job_limit_and_the_order_and_blocks_what_depends_on_a_failure(tmp_path, monkeypatch):
@@ -118,8 +120,8 @@ def test_run_jobs_keeps_the_job_limit_and_the_order_and_blocks_what_depends_on_a
             finished.append(job.key)
         return "failed: on purpose" if job.run == "broken" else "ok"
 
-    monkeypatch.setattr(grid, "execute", fake_execute)
-    status = grid.run_jobs(jobs, g, str(tmp_path / "out"), n_jobs=2, log=lambda line: None)
+    monkeypatch.setattr(runner, "execute", fake_execute)
+    status = runner.run_jobs(jobs, g, str(tmp_path / "out"), n_jobs=2, log=lambda line: None)
     assert peak[0] == 2 and len(finished) == 8
     assert status[("ft", 2)] == "ok" and status[("broken", 1)] == "failed: on purpose"
     assert status[("after_broken", 1)] == "blocked: broken seed 1 did not finish"
@@ -199,8 +201,8 @@ def test_rows_are_compared_at_equal_seeds_when_some_ran_a_third():
     assert lines["routed"][11] == "-0.015 [-0.020, -0.010] better on every seed"
     assert lines["routed"][10] == "beats both" and lines["LLLG"][10] == "beats both"
     assert "rows ran different numbers of seeds" in results_table(rows, references)
-    assert grid.paired_verdict([0.0004, 0.003]) == "tie"  # prints as +0.000 at seed 1: no difference there
-    assert grid.paired_verdict([0.0006, 0.003]) == "worse" and grid.paired_verdict([-0.001, -0.002]) == "better"
+    assert tables.paired_verdict([0.0004, 0.003]) == "tie"  # prints as +0.000 at seed 1: no difference there
+    assert tables.paired_verdict([0.0006, 0.003]) == "worse" and tables.paired_verdict([-0.001, -0.002]) == "better"
 
 
 def test_the_comparisons_table_gives_each_question_its_same_seed_difference(tmp_path):
@@ -209,16 +211,15 @@ def test_the_comparisons_table_gives_each_question_its_same_seed_difference(tmp_
             Row("random", "random", "R", [1], [result(1, 2.05)])]
     comparisons = {"learned vs local": ("routed", "local"), "learned vs random": ("routed", "random"),
                    "learned vs dense": ("routed", "dense")}
-    lines = cells(grid.comparisons_table(rows, comparisons))
+    lines = cells(tables.comparisons_table(rows, comparisons))
     assert lines["learned vs local"][1:] == ["routed - local", "-0.025 [-0.030, -0.020] better on every seed"]
     assert lines["learned vs random"][2] == "-0.070 (1 seed)" and lines["learned vs dense"][2] == "missing"
-    assert grid.comparisons_table(rows, {}) == ""
+    assert tables.comparisons_table(rows, {}) == ""
     path = write_grid(tmp_path / "g.py", {"routed": {}, "local": {}}, extra=f"comparisons = {{'q': ['routed', 'local']}}")
     assert load_grid(path).comparisons == {"q": ("routed", "local")}
 
 
 def test_plots_are_small_pngs_drawn_from_the_rows(tmp_path):
-    from nanoaha import plots
     sweep = [{"threshold": t, "val_loss": 2.0 + t, "global_frac": 1 - t, "attention_flop_frac_ideal": 1 - t,
               "attention_flop_frac_computed": 1.0} for t in (0.1, 0.5, 0.9)]
     per_head = [[0.5, 0.25], None, [0.0, 1.0]]
@@ -260,11 +261,11 @@ def test_a_summary_puts_records_side_by_side_from_their_rows_json(tmp_path, caps
         records.append(str(tmp_path / f"2026-01-01_{name}"))
         os.makedirs(records[-1])
         asked = {"learned vs local": ("routed", "local")} if name == "bytes" else {}
-        g = grid.Grid(name, "", "", [], {}, [1, 2], {}, {}, {"local": "local", "dense": "dense"}, {}, asked)
-        grid.save_rows(os.path.join(records[-1], "rows.json"), g, rows(shift))
-    name, references, loaded, comparisons = grid.load_rows(records[1])
+        g = Grid(name, "", "", [], {}, [1, 2], {}, {}, {"local": "local", "dense": "dense"}, {}, asked)
+        tables.save_rows(os.path.join(records[-1], "rows.json"), g, rows(shift))
+    name, references, loaded, comparisons = tables.load_rows(records[1])
     assert name == "bpe" and references == {"local": "local", "dense": "dense"} and loaded == rows(1.0)
-    assert comparisons == {} and grid.load_rows(records[0])[3] == {"learned vs local": ("routed", "local")}
+    assert comparisons == {} and tables.load_rows(records[0])[3] == {"learned vs local": ("routed", "local")}
     out = str(tmp_path / "results")
     assert compare.main(["--summary=both", *records, f"--record_dir={out}"]) == 0
     (folder,) = os.listdir(out)
@@ -304,11 +305,11 @@ def test_the_committed_grids_plan(tmp_path):
     for name in sorted(names):
         g = load_grid(os.path.join(ROOT, "configs", "grids", name))
         jobs = plan(g, str(tmp_path))
-        assert g.doc and [j.run for j in jobs if j.seed == g.run_seeds[j.run][0]] == grid.run_order(g)
+        assert g.doc and [j.run for j in jobs if j.seed == g.run_seeds[j.run][0]] == run_order(g)
         if name != "tiny.py":
             assert {"local", "dense"} <= set(g.references.values())
             assert all(len(g.run_seeds[r]) >= 2 for r in g.runs)
-            assert grid.window_groups(jobs)  # the window sweep
+            assert window_groups(jobs)  # the window sweep
 
 
 @pytest.mark.slow
@@ -341,7 +342,7 @@ def test_grid_runs_skips_what_is_complete_resumes_what_is_not_and_writes_the_rec
     assert "this invocation: 5 processes" in readme  # local and routed: train, evaluate; broken: train
 
     logs = {run: os.path.getmtime(os.path.join(jobs[run].out_dir, "train.log")) for run in ("local", "routed")}
-    launched = {run: len(grid.launches(jobs[run].out_dir)) for run in ("local", "routed")}
+    launched = {run: len(launches(jobs[run].out_dir)) for run in ("local", "routed")}
     assert launched == {"local": 2, "routed": 2}  # train + evaluate
     del runs["broken"]
     runs["routed"]["max_iters"] = 9  # the grid asks for more: routed resumes from its step-6 checkpoint
@@ -353,8 +354,8 @@ def test_grid_runs_skips_what_is_complete_resumes_what_is_not_and_writes_the_rec
     assert [signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)] == handlers
     assert sorted(os.listdir(records)) == [record, record + "_2"]  # a record is written once: the new one beside it
     assert os.path.getmtime(os.path.join(jobs["local"].out_dir, "train.log")) == logs["local"]
-    assert len(grid.launches(jobs["local"].out_dir)) == 2  # nothing launched for the complete run
-    resumed = grid.launches(jobs["routed"].out_dir)[2:]
+    assert len(launches(jobs["local"].out_dir)) == 2  # nothing launched for the complete run
+    resumed = launches(jobs["routed"].out_dir)[2:]
     assert [launch["step"] for launch in resumed] == ["train", "evaluate"]
     assert "--init_from=resume" in resumed[0]["argv"] and "--max_iters=9" in resumed[0]["argv"]
     with open(os.path.join(jobs["routed"].out_dir, "train.log")) as f:

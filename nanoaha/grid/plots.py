@@ -1,13 +1,13 @@
 """The record's plots (matplotlib, Agg, small PNGs): loss against attention FLOPs (the Pareto picture), global
 fraction against window, per-run layer x head heatmaps of global fractions, val loss curves. compare.py draws
-them from grid.Row lists. Figures are made without pyplot (no global state, no display)."""
+them from tables.Row lists. Figures are made without pyplot (no global state, no display)."""
 import math
 
 import matplotlib
 from matplotlib.figure import Figure
 from matplotlib.ticker import PercentFormatter
 
-from nanoaha.grid import paired_by_seed, spread
+from nanoaha.grid.tables import paired_by_seed, spread
 
 FIGSIZE, WIDE, DPI = (6.4, 4.2), (8.4, 4.6), 100  # WIDE: room for a legend of up to 20 runs beside the plot
 MARKERS = {"fixed": "s", "random": "^", "routed": "o"}
