@@ -27,8 +27,7 @@ from nanoaha.configurator import parse_args_or_exit
 from nanoaha.grid import plots, runner
 from nanoaha.grid.gridfile import GridError, load_grid
 from nanoaha.grid.plan import describe, launches, plan, train_state, window_groups
-from nanoaha.grid.tables import (comparisons_table, load_rows, results_table, rows_of, save_rows, summary_comparisons,
-                                 summary_table)
+from nanoaha.grid.tables import load_rows, record_table, rows_of, save_rows, summary_record_table
 
 
 @dataclass
@@ -140,13 +139,11 @@ def write_record(grid, jobs, rows, table, cfg, argv, started, elapsed):
 
 
 def write_summary(records, cfg, argv):
-    """RECORD_DIR/<date>_NAME/: the records' rows in one table (tables.summary_table) and one plot (one Pareto
+    """RECORD_DIR/<date>_NAME/: the records' rows in one table (tables.summary_record_table) and one plot (one Pareto
     panel per record); returns its path and the table."""
     grids = [(os.path.basename(os.path.normpath(path)), *load_rows(path)) for path in records]
-    table = summary_table([(name, rows, references) for _, name, references, rows, _ in grids])
-    compared = summary_comparisons([(name, rows, comparisons) for _, name, _, rows, comparisons in grids])
-    if compared:
-        table += "\n" + compared
+    table = summary_record_table([(name, rows, references, comparisons) for _, name, references, rows, comparisons
+                                  in grids])
     record = new_record_dir(cfg.record_dir, cfg.summary)
     with open(os.path.join(record, "table.md"), "w") as f:
         f.write(table)
@@ -211,10 +208,7 @@ def main(argv):
         print("interrupted: run the same command again to resume (complete runs are skipped)", file=sys.stderr)
         return 130
     rows = rows_of(jobs, status)
-    table = results_table(rows, grid.references)
-    if grid.comparisons:
-        table += "\nComparisons (the grid file's): val loss of the first run minus the other's at the same seed.\n\n" \
-            + comparisons_table(rows, grid.comparisons)
+    table = record_table(rows, grid.references, grid.comparisons)
     record = write_record(grid, jobs, rows, table, cfg, argv, started, time.time() - started)
     print(table)
     print(f"record: {record}")

@@ -9,7 +9,8 @@ import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
 from nanoaha.atomic_files import write_json
-from nanoaha.grid.plan import eval_argv, eval_json, eval_state, launches, matched_run, read_json, train_argv, train_state
+from nanoaha.grid.plan import (eval_argv, eval_json, eval_state, launches, matched_run, read_json, train_argv,
+                               train_state)
 
 
 # Stopping a grid (compare.py's SIGINT/SIGTERM handler calls request_stop): no new job starts, and every running

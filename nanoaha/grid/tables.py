@@ -277,6 +277,15 @@ def comparisons_table(rows, comparisons):
     return "\n".join(lines) + "\n"
 
 
+def record_table(rows, references, comparisons):
+    """A record's table.md: results_table, then the grid's comparisons table where it asks any."""
+    table = results_table(rows, references)
+    if comparisons:
+        table += "\nComparisons (the grid file's): val loss of the first run minus the other's at the same seed.\n\n" \
+            + comparisons_table(rows, comparisons)
+    return table
+
+
 def save_rows(path, grid, rows):
     """rows.json of a record: the grid's name, references and comparisons and every row with its per-seed
     results, so that tables and plots can be drawn again from the record alone (load_rows)."""
@@ -351,3 +360,11 @@ def summary_table(grids):
         if best:
             notes.append(f"{title}: best fixed schedule {best.run} ({fmt_loss(best.stat('val_loss'))}).")
     return "\n".join(lines + notes) + "\n"
+
+
+def summary_record_table(grids):
+    """A summary's table.md: summary_table, then summary_comparisons where any grid asks a question.
+    grids: [(title, rows, references, comparisons)]."""
+    table = summary_table([(title, rows, references) for title, rows, references, _ in grids])
+    compared = summary_comparisons([(title, rows, comparisons) for title, rows, _, comparisons in grids])
+    return table + ("\n" + compared if compared else "")
