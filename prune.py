@@ -8,7 +8,8 @@ import sys
 from dataclasses import dataclass
 
 from nanoaha.configurator import parse_args_or_exit
-from nanoaha.evaluation import DEFAULT_EVAL_TOKENS, pct
+from nanoaha.evaluation import DEFAULT_EVAL_TOKENS
+from nanoaha.formatting import percent
 from nanoaha.pruning import prune
 
 
@@ -26,20 +27,20 @@ class PruneConfig:
 
 def format_report(r, dtype):
     """pruning.prune's result as printed lines."""
-    fracs = ", ".join(f"{i} {pct(f)}" for i, f in enumerate(r["global_frac_per_layer"]) if f is not None)
+    fracs = ", ".join(f"{i} {percent(f)}" for i, f in enumerate(r["global_frac_per_layer"]) if f is not None)
     before, after = r["before"], r["after"]
     saved = before["kv_cache_bytes"] - after["kv_cache_bytes"]
     return "\n".join([
-        f"global fraction per routed layer: {fracs}; level {pct(r['min_global_frac'])}",
+        f"global fraction per routed layer: {fracs}; level {percent(r['min_global_frac'])}",
         f"pruned layers {r['pruned_layers'] or 'none'}: {r['layers_before']} -> {r['layers_after']}",
         f"val loss {r['val_loss_before']:.4f} -> {r['val_loss_after']:.4f} "
         f"({r['val_loss_after'] - r['val_loss_before']:+.4f})",
-        f"attention FLOPs vs dense: ideal {pct(before['attention_flop_frac_ideal'])} -> "
-        f"{pct(after['attention_flop_frac_ideal'])}, computed "
-        f"{pct(before['attention_flop_frac_computed'])} -> "
-        f"{pct(after['attention_flop_frac_computed'])}",
+        f"attention FLOPs vs dense: ideal {percent(before['attention_flop_frac_ideal'])} -> "
+        f"{percent(after['attention_flop_frac_ideal'])}, computed "
+        f"{percent(before['attention_flop_frac_computed'])} -> "
+        f"{percent(after['attention_flop_frac_computed'])}",
         f"KV cache at {before['context_length']:,} positions ({dtype}): {before['kv_cache_bytes']:,} -> "
-        f"{after['kv_cache_bytes']:,} bytes, {saved:,} saved ({pct(saved / before['kv_cache_bytes'])})",
+        f"{after['kv_cache_bytes']:,} bytes, {saved:,} saved ({percent(saved / before['kv_cache_bytes'])})",
         f"wrote {r['checkpoint']}"])
 
 

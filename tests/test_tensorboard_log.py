@@ -13,8 +13,9 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 from nanoaha import tensorboard_log
 import train
 from data.loader import TokenData
+from nanoaha.formatting import percent
 from nanoaha.tensorboard_log import (Logger, figure_to_array, group_head_tags, head_usage_figure, heatmap_figure,
-                             hparam_values, layout_tokens, percent, snippet_figure)
+                             hparam_values, layout_tokens, snippet_figure)
 from test_train import configs
 
 KINDS = ["routed", "local", "dense"]
@@ -193,4 +194,4 @@ def test_hparams_keep_scalar_settings_only():
 
 
 def test_percent_labels():
-    assert [percent(f) for f in (1.0, 0.372, 0.042, 0.0004, 0.0)] == ["100%", "37%", "4.2%", "0.0%", "0%"]
+    assert [percent(f, digits=None) for f in (1.0, 0.372, 0.042, 0.0004, 0.0)] == ["100%", "37%", "4.2%", "0.0%", "0%"]

@@ -7,6 +7,7 @@ import matplotlib
 from matplotlib.figure import Figure
 from matplotlib.ticker import PercentFormatter
 
+from nanoaha.formatting import percent
 from nanoaha.grid.tables import paired_by_seed, spread
 
 FIGSIZE, WIDE, DPI = (6.4, 4.2), (8.4, 4.6), 100  # WIDE: room for a legend of up to 20 runs beside the plot
@@ -166,13 +167,13 @@ def heatmap(path, run, per_head, layers):
         for i, heads in enumerate(grid):
             for h, value in enumerate(heads):
                 if not math.isnan(value):
-                    ax.text(h, i, f"{100 * value:.0f}", ha="center", va="center", fontsize=7,
+                    ax.text(h, i, percent(value, 0), ha="center", va="center", fontsize=7,
                             color="white" if value < 0.6 else "black")
     ax.set_xticks(range(n_head))
     ax.set_yticks(range(n_layer), [f"{i} {layers[i]}" for i in range(n_layer)])
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
-    ax.set_title(f"{run}: global fraction (%)", fontsize=10)
+    ax.set_title(f"{run}: global fraction", fontsize=10)
     fig.colorbar(image, ax=ax, fraction=0.05, format=PercentFormatter(1.0, decimals=0))
     _save(fig, path)
 

@@ -7,6 +7,7 @@ import math
 import os
 
 from nanoaha.atomic_files import write_json
+from nanoaha.formatting import human_bytes, percent
 from nanoaha.grid.gridfile import GridError
 from nanoaha.grid.plan import eval_json, launches, read_json
 
@@ -59,6 +60,11 @@ class Row:
     def stat(self, key):
         return spread([r[key] for r in self.results if r["complete"]])
 
+    def mean(self, key):
+        """stat's mean; None where no complete seed has the number."""
+        stat = self.stat(key)
+        return None if stat is None else stat[0]
+
     def losses(self):
         """{seed: val loss} of the seeds that completed."""
         return {r["seed"]: r["val_loss"] for r in self.results if r["complete"] and r["val_loss"] is not None}
@@ -93,17 +99,6 @@ def fmt_loss(s):
     return "missing" if s is None else f"{s[0]:.3f}" + (f" [{s[1]:.3f}-{s[2]:.3f}]" if s[2] > s[1] else "")
 
 
-def fmt_pct(s, digits=0):
-    return "missing" if s is None else f"{100 * s[0]:.{digits}f}%"
-
-
-def fmt_bytes(n):
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-
-
 def common_seed_means(rows):
     """Each row's mean val loss over the seeds that every one of them completed; None without a common seed."""
     losses = [row.losses() for row in rows]
@@ -133,7 +128,7 @@ def gap_text(row, local_row, dense_row):
         means = common_seed_means([row, local_row, dense_row])
         if means is None:
             return "no common seed"
-        return f"{100 * gap_recovery(means[0], means[1], means[2]):.0f}%"
+        return percent(gap_recovery(means[0], means[1], means[2]), 0)
     if row.run in (local_row.run, dense_row.run):
         return "reference"
     diffs = [paired_differences(row, ref) for ref in (local_row, dense_row)]
@@ -217,15 +212,14 @@ def results_table(rows, references):
              f"vs {references.get('local', 'local')}, same seed | vs {references.get('dense', 'dense')}, same seed |",
              "|" + "---|" * 14]
     for row in rows:
-        kv, kv_dense = row.stat("kv_bytes"), row.stat("kv_bytes_dense")
-        kv_text = "missing" if kv is None else fmt_bytes(kv[0]) + (
-            f" ({100 * kv[0] / kv_dense[0]:.0f}%)" if kv_dense and kv_dense[0] else "")
-        tok, wall, frac = row.stat("tokens_per_s"), row.stat("wall_s"), row.stat("global_frac")
-        frac_text = ("-" if row.kind == "fixed" else "missing") if frac is None else fmt_pct(frac, 1)
+        kv, kv_dense = row.mean("kv_bytes"), row.mean("kv_bytes_dense")
+        kv_text = "missing" if kv is None else human_bytes(kv) + (f" ({percent(kv / kv_dense, 0)})" if kv_dense else "")
+        tok, wall = row.mean("tokens_per_s"), row.mean("wall_s")
         lines.append(" | ".join([
-            f"| {row.run}", row.layers, seeds_text(row), fmt_loss(row.stat("val_loss")), frac_text,
-            fmt_pct(row.stat("flops_ideal")), fmt_pct(row.stat("flops_computed")), kv_text,
-            "missing" if tok is None else f"{tok[0]:,.0f}", "missing" if wall is None else f"{wall[0] / 60:.1f} min",
+            f"| {row.run}", row.layers, seeds_text(row), fmt_loss(row.stat("val_loss")),
+            percent(row.mean("global_frac"), 1, missing="-" if row.kind == "fixed" else "missing"),
+            percent(row.mean("flops_ideal"), 0, "missing"), percent(row.mean("flops_computed"), 0, "missing"), kv_text,
+            "missing" if tok is None else f"{tok:,.0f}", "missing" if wall is None else f"{wall / 60:.1f} min",
             gap_text(row, local_row, dense_row), versus_best_fixed(row, best), paired_text(row, local_row),
             paired_text(row, dense_row)]) + " |")
     seed_counts = {len(row.losses()) for row in rows if row.losses()}
@@ -347,9 +341,9 @@ def summary_table(grids):
             if row is None:
                 cells += ["-"] * 5
                 continue
-            frac = row.stat("global_frac")
-            cells += [fmt_loss(row.stat("val_loss")), "-" if frac is None else fmt_pct(frac, 1),
-                      fmt_pct(row.stat("flops_ideal")), versus_best_fixed(row, best), paired_text(row, local_row)]
+            cells += [fmt_loss(row.stat("val_loss")), percent(row.mean("global_frac"), 1),
+                      percent(row.mean("flops_ideal"), 0, "missing"), versus_best_fixed(row, best),
+                      paired_text(row, local_row)]
         lines.append("| " + " | ".join(cells) + " |")
     notes = ["", "Val loss on each grid's fixed validation windows, mean over the row's seeds with [min-max]; global: "
              "the routed layers' global decisions; attention FLOPs: ideal, vs an all-dense model of the same shape; "
