@@ -65,8 +65,8 @@ def budget_lines(grid, jobs, cfg, started, elapsed):
             + (f"this invocation: {launched} processes, {elapsed / 3600:.2f} h wall with --jobs={cfg.jobs}." if launched
                else "this invocation started no process (every run was complete and evaluated): the record is drawn "
                     "from the runs' files."),
-            f"- Machine: {platform.machine()}, {os.cpu_count()} CPU cores, one thread per process "
-            f"(OMP_NUM_THREADS=1); Python {platform.python_version()}."]
+            f"- Machine: {platform.machine()}, {os.cpu_count()} CPU cores, OMP_NUM_THREADS="
+            f"{runner.THREADS_PER_PROCESS} in every process; Python {platform.python_version()}."]
 
 
 def new_record_dir(record_dir, name):

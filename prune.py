@@ -10,13 +10,13 @@ from dataclasses import dataclass
 from nanoaha.configurator import parse_args_or_exit
 from nanoaha.evaluation import DEFAULT_EVAL_TOKENS
 from nanoaha.formatting import percent
-from nanoaha.pruning import prune
+from nanoaha.pruning import DEFAULT_MIN_GLOBAL_FRAC, prune
 
 
 @dataclass
 class PruneConfig:
     out_dir: str = ""                       # where the pruned ckpt.pt goes: not the checkpoint's own folder
-    min_global_frac: float = 0.05           # routed layers below this global fraction become local
+    min_global_frac: float = DEFAULT_MIN_GLOBAL_FRAC  # routed layers below this global fraction become local
     data_dir: str = ""                      # the corpus to measure on; "": the one the checkpoint was trained on
     context_length: int = 0                 # KV-cache bytes at this many positions; 0: block_size
     eval_tokens: int = DEFAULT_EVAL_TOKENS  # the fixed val windows, as evaluate.py's
@@ -48,7 +48,8 @@ def main(argv):
     paths = [arg for arg in argv if not arg.startswith("--")]
     (cfg,) = parse_args_or_exit([arg for arg in argv if arg.startswith("-")], PruneConfig, usage=__doc__)
     if len(paths) != 1:
-        sys.exit("name one checkpoint: python prune.py CKPT_DIR --out_dir=NEW_DIR [--min_global_frac=0.05]")
+        sys.exit(f"name one checkpoint: python prune.py CKPT_DIR --out_dir=NEW_DIR "
+                 f"[--min_global_frac={DEFAULT_MIN_GLOBAL_FRAC}]")
     try:
         report = prune(paths[0], cfg.out_dir, cfg.min_global_frac, data_dir=cfg.data_dir,
                        context_length=cfg.context_length, eval_tokens=cfg.eval_tokens, batch_size=cfg.batch_size,

@@ -18,3 +18,34 @@ def test_percent_prints_a_fraction_with_the_digits_asked_and_missing_values_as_t
 def test_human_bytes_counts_in_powers_of_1024():
     assert [human_bytes(n) for n in (0, 1023, 1024, 1536, 98304, 3 * 2**20, 5 * 2**30, 2**42)] == \
         ["0 B", "1023 B", "1.0 KiB", "1.5 KiB", "96.0 KiB", "3.0 MiB", "5.0 GiB", "4096.0 GiB"]
+
+
+def result(seed, loss, **values):
+    """One seed's numbers as tables.collect gives them."""
+    return {"seed": seed, "complete": loss is not None, "status": "ok", "val_loss": loss, "global_frac": None,
+            "flops_ideal": 0.5, "flops_computed": 0.5, "kv_bytes": 1024, "kv_bytes_dense": 2048,
+            "tokens_per_s": 1000.0, "wall_s": 60.0, "sweep": [], "per_head": None, "per_layer": None,
+            "val_history": [], **values}
+
+
+def two_rows():
+    from nanoaha.grid.tables import Row
+    return [Row("local", "fixed", "L", [1, 2], [result(1, 2.000), result(2, 2.000)]),
+            Row("routed", "routed", "R", [1, 2], [result(1, 1.999, global_frac=0.1), result(2, 1.998)])]
+
+
+def test_the_table_notes_state_the_smallest_difference_the_verdicts_use(monkeypatch):
+    from nanoaha.grid import tables
+    references = {"local": "local"}
+    assert "by 0.0005 or more (prints as 0.001 or more)" in tables.results_table(two_rows(), references)
+    monkeypatch.setattr(tables, "SMALLEST_DIFFERENCE", 0.0015)  # routed's -0.001 and -0.002 now include a tie
+    table = tables.results_table(two_rows(), references)
+    assert "by 0.0015 or more (prints as 0.002 or more)" in table and "] tie |" in table
+    summary = tables.summary_table([("g", two_rows(), references)])
+    assert "by 0.0015 or more, else a tie" in summary
+
+
+def test_a_negative_pruning_level_names_the_default_level():
+    from nanoaha import pruning
+    with pytest.raises(ValueError, match=r"min_global_frac=-0.1: give a global fraction >= 0 \(0.05: below 5%\)"):
+        pruning.prune("no/such/ckpt", "out", min_global_frac=-0.1)

@@ -224,7 +224,8 @@ def check_matched_rates(job, trained_argv, planned_argv):
     if trained is not None and now is not None and (
             len(trained) != len(now) or max(abs(a - b) for a, b in zip(trained, now)) > MATCHED_RATE_TOLERANCE):
         raise GridError(f"{job.out_dir} trained at per-layer rates {trained}, but {matched_run(job)} seed "
-                        f"{job.seed}'s evaluation now gives {now}: delete that folder to retrain it at the new rates")
+                        f"{job.seed}'s evaluation now gives {now}: delete that folder to retrain it at the new rates "
+                        f"(a layer moved more than {MATCHED_RATE_TOLERANCE})")
 
 
 def eval_state(job, grid):

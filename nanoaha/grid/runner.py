@@ -19,6 +19,7 @@ from nanoaha.grid.plan import (eval_argv, eval_json, eval_state, launches, match
 stop_requested = threading.Event()
 _running, _running_lock = set(), threading.Lock()
 INTERRUPTED_CODES = (128 + signal.SIGINT, 128 + signal.SIGTERM)
+THREADS_PER_PROCESS = 1  # OMP_NUM_THREADS of every process: --jobs trainings then use --jobs cores
 
 
 def request_stop():
@@ -29,14 +30,15 @@ def request_stop():
 
 
 def launch(job, step, argv, log_name):
-    """Run one process for a job (one thread: OMP_NUM_THREADS=1), output appended to OUT_DIR/<log_name>;
+    """Run one process for a job (THREADS_PER_PROCESS threads), output appended to OUT_DIR/<log_name>;
     record it in OUT_DIR/launches.json. Returns its exit code."""
     os.makedirs(job.out_dir, exist_ok=True)
     started = time.time()
     with open(os.path.join(job.out_dir, log_name), "a") as log:
         with _running_lock:
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
+                                    env={**os.environ, "OMP_NUM_THREADS": str(THREADS_PER_PROCESS)},
+                                    start_new_session=True)
             _running.add(proc)
             if stop_requested.is_set():
                 proc.send_signal(signal.SIGTERM)

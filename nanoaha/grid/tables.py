@@ -11,6 +11,8 @@ from nanoaha.formatting import human_bytes, percent
 from nanoaha.grid.gridfile import GridError
 from nanoaha.grid.plan import eval_json, launches, read_json
 
+SMALLEST_DIFFERENCE = 0.0005  # a same-seed difference that prints as 0.000 is no difference
+
 
 def collect(job, status=None):
     """One job's numbers: from its evaluation (eval.json), its train_summary.json and its launches. A
@@ -161,8 +163,6 @@ def paired_differences(row, ref):
     return list(paired_by_seed(row, ref).values())
 
 
-SMALLEST_DIFFERENCE = 0.0005  # a same-seed difference that prints as 0.000 is no difference
-
 
 def paired_verdict(diffs, min_seeds=2):
     """'better' ('worse') where min_seeds or more same-seed differences all have that sign (each at least
@@ -246,7 +246,8 @@ def results_table(rows, references):
                      f"Best fixed: {best.run}, the schedule without routed layers with the lowest mean val loss.")
     notes.append("Same seed: val loss minus the reference's at each seed both ran (a seed fixes the backbone init "
                  "and the data order for every row), mean [min, max] over those seeds; better or worse only where "
-                 "every seed differs in the same direction by 0.0005 or more (prints as 0.001 or more), else a tie.")
+                 f"every seed differs in the same direction by {SMALLEST_DIFFERENCE:g} or more (prints as "
+                 f"{SMALLEST_DIFFERENCE:.3f} or more), else a tie.")
     incomplete = [row.run for row in rows if not row.complete]
     if incomplete:
         notes.append(f"**Incomplete**: {', '.join(incomplete)} (a seed failed or has not run); their numbers are over "
@@ -348,8 +349,8 @@ def summary_table(grids):
     notes = ["", "Val loss on each grid's fixed validation windows, mean over the row's seeds with [min-max]; global: "
              "the routed layers' global decisions; attention FLOPs: ideal, vs an all-dense model of the same shape; "
              "same seed: val loss minus the reference's at each seed both ran, mean [min, max], better or worse "
-             "only where every seed differs in the same direction by 0.0005 or more, else a tie. Best fixed: the "
-             "schedule without routed layers with the lowest mean same-seed difference to local."]
+             f"only where every seed differs in the same direction by {SMALLEST_DIFFERENCE:g} or more, else a tie. "
+             "Best fixed: the schedule without routed layers with the lowest mean same-seed difference to local."]
     for (title, rows, _), (_, best, _) in zip(grids, by_grid):
         if best:
             notes.append(f"{title}: best fixed schedule {best.run} ({fmt_loss(best.stat('val_loss'))}).")
