@@ -1,6 +1,7 @@
 """Fast tests of the grid subpackage split: the one percent and byte formatter, constants in table notes,
 pruning's level, the record plots' content, compare.py's argument errors."""
 import math
+import os
 
 import pytest
 
@@ -49,3 +50,27 @@ def test_a_negative_pruning_level_names_the_default_level():
     from nanoaha import pruning
     with pytest.raises(ValueError, match=r"min_global_frac=-0.1: give a global fraction >= 0 \(0.05: below 5%\)"):
         pruning.prune("no/such/ckpt", "out", min_global_frac=-0.1)
+
+
+RECORDS = ["results/2026-12-02_stdlib_bytes", "results/2026-12-02_stdlib_bpe"]  # the README's summary reads these
+
+
+@pytest.mark.parametrize("record", RECORDS)
+def test_a_committed_records_table_regenerates_from_its_rows_json_byte_for_byte(record):
+    """A record's table.md is drawn from its rows.json alone. When a change to the tables is meant, this says
+    which committed records' tables it changes (records are written once: they keep the old table)."""
+    from nanoaha.grid.tables import load_rows, record_table
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    _, references, rows, comparisons = load_rows(os.path.join(root, record))
+    with open(os.path.join(root, record, "table.md")) as f:
+        assert record_table(rows, references, comparisons) == f.read()
+
+
+def test_the_readmes_summary_of_the_committed_records_regenerates_byte_for_byte():
+    """2026-12-02_stdlib_bpe was written before grids had comparisons: the summary still reads it."""
+    from nanoaha.grid.tables import load_rows, summary_record_table
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    grids = [load_rows(os.path.join(root, record)) for record in RECORDS]
+    assert [len(comparisons) > 0 for *_, comparisons in grids] == [True, False]
+    with open(os.path.join(root, "results", "2026-12-02_stdlib_grids", "table.md")) as f:
+        assert summary_record_table([(name, rows, refs, comps) for name, refs, rows, comps in grids]) == f.read()

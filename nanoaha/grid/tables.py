@@ -290,8 +290,9 @@ def save_rows(path, grid, rows):
 
 
 def load_rows(record):
-    """(grid name, references, rows, comparisons) from a record folder that compare.py wrote (records written
-    before comparisons existed have none)."""
+    """(grid name, references, rows, comparisons) from a record folder that compare.py wrote. Records written
+    before grids had comparisons (results/2026-12-01_stdlib_bytes, 2026-12-02_stdlib_bpe, which the README's
+    summary reads) have no "comparisons": none."""
     path = os.path.join(record, "rows.json")
     saved = read_json(path)
     if not saved:
@@ -303,8 +304,8 @@ def load_rows(record):
 
 def summary_comparisons(grids):
     """The comparisons of several grids in one table, a column per grid: every grid's questions, each answered
-    by every grid that has both its runs ('-' where one lacks them; a record written before comparisons existed
-    answers the others' questions too). grids: [(title, rows, comparisons)]."""
+    by every grid that has both its runs, whether or not it asks that question itself ('-' where it lacks
+    them). grids: [(title, rows, comparisons)]."""
     questions = list(dict.fromkeys((q, pair) for _, _, comparisons in grids for q, pair in comparisons.items()))
     if not questions:
         return ""
