@@ -74,3 +74,12 @@ def test_the_readmes_summary_of_the_committed_records_regenerates_byte_for_byte(
     assert [len(comparisons) > 0 for *_, comparisons in grids] == [True, False]
     with open(os.path.join(root, "results", "2026-12-02_stdlib_grids", "table.md")) as f:
         assert summary_record_table([(name, rows, refs, comps) for name, refs, rows, comps in grids]) == f.read()
+
+
+def test_pruning_keeps_a_layer_exactly_at_the_level_and_prunes_one_just_below():
+    """'below min_global_frac' is strict: a layer global exactly as often as the level asks for stays routed."""
+    from nanoaha.pruning import layers_to_prune
+    level = 0.05
+    fracs = [level, math.nextafter(level, 0.0), level * 2, 0.0]
+    assert layers_to_prune(fracs, ["routed", "routed", "routed", "local"], level) == [1]
+    assert layers_to_prune([0.0, 0.0], ["routed", "routed"], 0.0) == []  # level 0 prunes nothing
