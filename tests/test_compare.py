@@ -231,7 +231,17 @@ def test_plots_are_small_pngs_drawn_from_the_rows(tmp_path):
             Row("lost", "fixed", "G", [1], [result(1, None)])]
     references = {"local": "local", "dense": "dense"}
     rows.append(Row("dense", "fixed", "GGG", [1, 2], [result(1, 2.4), result(2, 2.1)]))
-    plots.pareto(tmp_path / "pareto.png", rows, references)
+    rows.append(Row("half", "fixed", "GGG", [1], [result(1, 3.5)]))  # far above the references: off the plot
+    ax = plots.pareto(tmp_path / "pareto.png", rows, references).axes[0]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["half (+1.200, off the plot)", "local", "routed",
+                                                                  "routed_w64", "dense"]  # lost has no loss
+    assert ax.get_ylim()[1] == pytest.approx(0.45) and ax.get_ylabel() == "val loss minus local's, same seed"
+    assert [c.get_label() for c in ax.containers] == ["local", "routed", "routed_w64", "dense"]
+    assert [c.lines[0].get_xydata()[0].tolist() for c in ax.containers] == [pytest.approx([0.5, y])
+                                                                          for y in (0.0, -0.19, -0.25, 0.1)]
+    # routed's sweep at the seed it shares with local, shifted as its trained point: loss - 2.3
+    (sweep_line,) = [line for line in ax.lines if line.get_linewidth() == 0.7]
+    assert sweep_line.get_xydata().ravel().tolist() == pytest.approx([0.1, 0.6, 0.5, 0.2, 0.9, -0.2])
     # losses minus local's at the same seed (local ran seed 1 only): dense +0.1, routed -0.19, wide -0.25
     losses, label = plots._losses(rows, references)
     assert label == "val loss minus local's, same seed" and losses["lost"] == (None, {})
@@ -241,15 +251,23 @@ def test_plots_are_small_pngs_drawn_from_the_rows(tmp_path):
     raw, label = plots._losses(rows, {})
     assert label == "val loss" and raw["routed"][0] == pytest.approx((2.115, 2.11, 2.12))
     assert plots._loss_ceiling(raw, {}) is None
-    plots.window(tmp_path / "window.png", [[(32, routed), (64, wide)]])
-    plots.heatmap(tmp_path / "heatmap.png", "routed seed 1", per_head, "RLR")
-    plots.val_curves(tmp_path / "curves.png", [(row.run, row.results[0]["val_history"]) for row in rows])
+    ax = plots.window(tmp_path / "window.png", [[(32, routed), (64, wide)]]).axes[0]
+    assert ax.get_xscale() == "log" and [t.get_text() for t in ax.get_xticklabels()] == ["32", "64"]
+    (group,) = ax.containers
+    assert group.get_label() == "routed / routed_w64" and group.lines[0].get_xydata().tolist() == [[32, 0.3], [64, 0.2]]
+    ax = plots.heatmap(tmp_path / "heatmap.png", "routed seed 1", per_head, "RLR").axes[0]
+    assert [t.get_text() for t in ax.texts] == ["50%", "25%", "0%", "100%"]  # the local layer's row is blank
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["0 R", "1 L", "2 R"]
+    assert ax.images[0].get_array().tolist() == [[0.5, 0.25], [None, None], [0.0, 1.0]]
+    ax = plots.val_curves(tmp_path / "curves.png", [(row.run, row.results[0]["val_history"]) for row in rows]).axes[0]
+    (curve,) = ax.lines  # the rows without a history draw none; step 0 is left out
+    assert curve.get_label() == "routed" and curve.get_xydata().tolist() == [[10, 3.0], [20, 2.5]]
     for name in ("pareto.png", "window.png", "heatmap.png", "curves.png"):
         data = (tmp_path / name).read_bytes()
         assert data.startswith(b"\x89PNG") and 5_000 < len(data) < 150_000
 
 
-def test_a_summary_puts_records_side_by_side_from_their_rows_json(tmp_path, capsys):
+def test_a_summary_puts_records_side_by_side_from_their_rows_json(tmp_path, capsys, monkeypatch):
     """rows.json holds what a record's table and plots need; --summary reads two records back into one table
     (a column group per record) and one plot."""
     def rows(shift):
@@ -267,6 +285,8 @@ def test_a_summary_puts_records_side_by_side_from_their_rows_json(tmp_path, caps
     assert name == "bpe" and references == {"local": "local", "dense": "dense"} and loaded == rows(1.0)
     assert comparisons == {} and tables.load_rows(records[0])[3] == {"learned vs local": ("routed", "local")}
     out = str(tmp_path / "results")
+    drawn, draw = [], plots.pareto_panels
+    monkeypatch.setattr(plots, "pareto_panels", lambda *args: drawn.append(draw(*args)))
     assert compare.main(["--summary=both", *records, f"--record_dir={out}"]) == 0
     (folder,) = os.listdir(out)
     assert folder.endswith("_both") and set(os.listdir(os.path.join(out, folder))) == {"README.md", "table.md",
@@ -284,6 +304,11 @@ def test_a_summary_puts_records_side_by_side_from_their_rows_json(tmp_path, caps
     assert cells(table)["learned vs local"][1:] == ["routed - local", better, better]
     png = open(os.path.join(out, folder, "pareto.png"), "rb").read()
     assert png.startswith(b"\x89PNG") and 5_000 < len(png) < 200_000
+    (fig,) = drawn  # one panel per record, one legend for both
+    assert [ax.get_title() for ax in fig.axes] == ["bytes", "bpe"]
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["local", "dense", "routed"]
+    for ax in fig.axes:  # the same same-seed differences in both: bpe is bytes shifted by 1.0
+        assert [c.lines[0].get_ydata()[0] for c in ax.containers] == pytest.approx([0.0, -0.17, -0.12])
     with pytest.raises(SystemExit, match="rows.json not found"):
         compare.main(["--summary=again", str(tmp_path), f"--record_dir={out}"])
 
