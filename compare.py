@@ -23,7 +23,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from nanoaha.configurator import parse_args_or_exit
+from nanoaha.configurator import parse_args_or_exit, run_main
 from nanoaha.grid import plots, runner
 from nanoaha.grid.gridfile import GridError, load_grid
 from nanoaha.grid.plan import describe, launches, plan, train_state, window_groups
@@ -221,4 +221,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(run_main(main, sys.argv[1:]))

@@ -83,3 +83,17 @@ def test_pruning_keeps_a_layer_exactly_at_the_level_and_prunes_one_just_below():
     fracs = [level, math.nextafter(level, 0.0), level * 2, 0.0]
     assert layers_to_prune(fracs, ["routed", "routed", "routed", "local"], level) == [1]
     assert layers_to_prune([0.0, 0.0], ["routed", "routed"], 0.0) == []  # level 0 prunes nothing
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["configs/grids/tiny.py", "--jobs=two"], "config error: config key 'jobs' expects int, got the string 'two'"),
+    (["configs/grids/tiny.py", "--jobs=0"], "--jobs=0: run at least one training at a time"),
+    (["configs/grids/tiny.py", "configs/grids/stdlib_bpe.py"], "name one grid file: python compare.py"),
+    (["--summary=s"], "--summary=NAME: name the record folders to put side by side"),
+    (["configs/grids/tiny.py", "--dry_run", "--jobs"], "config error: override '--jobs' must look like --jobs=VALUE"),
+])
+def test_compare_refuses_a_bad_command_line_with_one_line(argv, message):
+    import compare
+    with pytest.raises(SystemExit) as e:
+        compare.main(argv)
+    assert str(e.value).startswith(message) and "\n" not in str(e.value)

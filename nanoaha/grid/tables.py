@@ -294,12 +294,15 @@ def load_rows(record):
     before grids had comparisons (results/2026-12-01_stdlib_bytes, 2026-12-02_stdlib_bpe, which the README's
     summary reads) have no "comparisons": none."""
     path = os.path.join(record, "rows.json")
-    saved = read_json(path)
+    saved = read_json(path) if os.path.isdir(record) else None
     if not saved:
         raise GridError(f"{path} not found or not JSON: name a record folder that compare.py wrote "
                         f"(results/<date>_<grid>)")
-    return (saved["grid"], saved["references"], [Row(**row) for row in saved["rows"]],
-            {q: tuple(pair) for q, pair in saved.get("comparisons", {}).items()})
+    try:
+        return (saved["grid"], saved["references"], [Row(**row) for row in saved["rows"]],
+                {q: tuple(pair) for q, pair in saved.get("comparisons", {}).items()})
+    except (KeyError, TypeError, ValueError) as e:
+        raise GridError(f"{path} is not a rows.json that compare.py wrote ({type(e).__name__}: {e})") from None
 
 
 def summary_comparisons(grids):
