@@ -12,7 +12,7 @@ and the plots, per seed), the grid file and the plots.
 --dry_run prints the plan: each run's command and whether it will be trained, resumed or skipped.
 --summary=NAME puts several records (grids with the same runs, e.g. one per corpus) side by side in one table
 and one plot: RECORD_DIR/<date>_NAME/ with README.md, table.md and pareto.png, drawn from their rows.json.
-Exit code 0 only when every run of the grid finished and was evaluated. The grid file format: nanoaha/grid.py.
+Exit code 0 only when every run of the grid finished and was evaluated. The grid file format: nanoaha/grid/gridfile.py.
 """
 import os
 import platform
@@ -23,11 +23,11 @@ import sys
 import time
 from dataclasses import dataclass
 
-from nanoaha import grid as grid_module
-from nanoaha import plots
-from nanoaha.configurator import parse_args_or_exit
-from nanoaha.grid import (GridError, comparisons_table, describe, launches, load_grid, load_rows, plan, results_table,
-                  rows_of, run_jobs, summary_comparisons, summary_table, train_state, window_groups)
+from nanoaha.configurator import parse_args_or_exit, run_main
+from nanoaha.grid import plots, runner
+from nanoaha.grid.gridfile import GridError, load_grid
+from nanoaha.grid.plan import describe, launches, plan, train_state, window_groups
+from nanoaha.grid.tables import load_rows, record_table, rows_of, save_rows, summary_record_table
 
 
 @dataclass
@@ -65,8 +65,8 @@ def budget_lines(grid, jobs, cfg, started, elapsed):
             + (f"this invocation: {launched} processes, {elapsed / 3600:.2f} h wall with --jobs={cfg.jobs}." if launched
                else "this invocation started no process (every run was complete and evaluated): the record is drawn "
                     "from the runs' files."),
-            f"- Machine: {platform.machine()}, {os.cpu_count()} CPU cores, one thread per process "
-            f"(OMP_NUM_THREADS=1); Python {platform.python_version()}."]
+            f"- Machine: {platform.machine()}, {os.cpu_count()} CPU cores, OMP_NUM_THREADS="
+            f"{runner.THREADS_PER_PROCESS} in every process; Python {platform.python_version()}."]
 
 
 def new_record_dir(record_dir, name):
@@ -102,7 +102,7 @@ def write_record(grid, jobs, rows, table, cfg, argv, started, elapsed):
     record = new_record_dir(cfg.record_dir, grid.name)
     with open(os.path.join(record, "table.md"), "w") as f:
         f.write(table)
-    grid_module.save_rows(os.path.join(record, "rows.json"), grid, rows)
+    save_rows(os.path.join(record, "rows.json"), grid, rows)
     shutil.copyfile(grid.path, os.path.join(record, os.path.basename(grid.path)))
     plots.pareto(os.path.join(record, "pareto.png"), rows, grid.references)
     by_name = {row.run: row for row in rows}
@@ -139,13 +139,11 @@ def write_record(grid, jobs, rows, table, cfg, argv, started, elapsed):
 
 
 def write_summary(records, cfg, argv):
-    """RECORD_DIR/<date>_NAME/: the records' rows in one table (grid.summary_table) and one plot (one Pareto
+    """RECORD_DIR/<date>_NAME/: the records' rows in one table (tables.summary_record_table) and one plot (one Pareto
     panel per record); returns its path and the table."""
     grids = [(os.path.basename(os.path.normpath(path)), *load_rows(path)) for path in records]
-    table = summary_table([(name, rows, references) for _, name, references, rows, _ in grids])
-    compared = summary_comparisons([(name, rows, comparisons) for _, name, _, rows, comparisons in grids])
-    if compared:
-        table += "\n" + compared
+    table = summary_record_table([(name, rows, references, comparisons) for _, name, references, rows, comparisons
+                                  in grids])
     record = new_record_dir(cfg.record_dir, cfg.summary)
     with open(os.path.join(record, "table.md"), "w") as f:
         f.write(table)
@@ -163,10 +161,10 @@ def write_summary(records, cfg, argv):
 
 def stop_grid(signum, frame):
     """First signal: start no new training, let the running ones save a checkpoint and stop; then exit."""
-    if not grid_module.stop_requested.is_set():
+    if not runner.stop_requested.is_set():
         print(f"\n{signal.Signals(signum).name}: stopping the running trainings (each saves a checkpoint)",
               file=sys.stderr, flush=True)
-        grid_module.request_stop()
+        runner.request_stop()
 
 
 def main(argv):
@@ -200,20 +198,17 @@ def main(argv):
         started = time.time()
         previous = {sig: signal.signal(sig, stop_grid) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
-            status = run_jobs(jobs, grid, cfg.out, cfg.jobs)
+            status = runner.run_jobs(jobs, grid, cfg.out, cfg.jobs)
         finally:  # a caller in this process (a test, a notebook) keeps its own handlers afterwards
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
     except GridError as e:
         sys.exit(f"grid error: {e}")
-    if grid_module.stop_requested.is_set():
+    if runner.stop_requested.is_set():
         print("interrupted: run the same command again to resume (complete runs are skipped)", file=sys.stderr)
         return 130
     rows = rows_of(jobs, status)
-    table = results_table(rows, grid.references)
-    if grid.comparisons:
-        table += "\nComparisons (the grid file's): val loss of the first run minus the other's at the same seed.\n\n" \
-            + comparisons_table(rows, grid.comparisons)
+    table = record_table(rows, grid.references, grid.comparisons)
     record = write_record(grid, jobs, rows, table, cfg, argv, started, time.time() - started)
     print(table)
     print(f"record: {record}")
@@ -226,4 +221,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(run_main(main, sys.argv[1:]))

@@ -8,14 +8,15 @@ import sys
 from dataclasses import dataclass
 
 from nanoaha.configurator import parse_args_or_exit
-from nanoaha.evaluation import DEFAULT_EVAL_TOKENS, pct
-from nanoaha.pruning import prune
+from nanoaha.evaluation import DEFAULT_EVAL_TOKENS
+from nanoaha.formatting import percent
+from nanoaha.pruning import DEFAULT_MIN_GLOBAL_FRAC, prune
 
 
 @dataclass
 class PruneConfig:
     out_dir: str = ""                       # where the pruned ckpt.pt goes: not the checkpoint's own folder
-    min_global_frac: float = 0.05           # routed layers below this global fraction become local
+    min_global_frac: float = DEFAULT_MIN_GLOBAL_FRAC  # routed layers below this global fraction become local
     data_dir: str = ""                      # the corpus to measure on; "": the one the checkpoint was trained on
     context_length: int = 0                 # KV-cache bytes at this many positions; 0: block_size
     eval_tokens: int = DEFAULT_EVAL_TOKENS  # the fixed val windows, as evaluate.py's
@@ -26,20 +27,20 @@ class PruneConfig:
 
 def format_report(r, dtype):
     """pruning.prune's result as printed lines."""
-    fracs = ", ".join(f"{i} {pct(f)}" for i, f in enumerate(r["global_frac_per_layer"]) if f is not None)
+    fracs = ", ".join(f"{i} {percent(f)}" for i, f in enumerate(r["global_frac_per_layer"]) if f is not None)
     before, after = r["before"], r["after"]
     saved = before["kv_cache_bytes"] - after["kv_cache_bytes"]
     return "\n".join([
-        f"global fraction per routed layer: {fracs}; level {pct(r['min_global_frac'])}",
+        f"global fraction per routed layer: {fracs}; level {percent(r['min_global_frac'])}",
         f"pruned layers {r['pruned_layers'] or 'none'}: {r['layers_before']} -> {r['layers_after']}",
         f"val loss {r['val_loss_before']:.4f} -> {r['val_loss_after']:.4f} "
         f"({r['val_loss_after'] - r['val_loss_before']:+.4f})",
-        f"attention FLOPs vs dense: ideal {pct(before['attention_flop_frac_ideal'])} -> "
-        f"{pct(after['attention_flop_frac_ideal'])}, computed "
-        f"{pct(before['attention_flop_frac_computed'])} -> "
-        f"{pct(after['attention_flop_frac_computed'])}",
+        f"attention FLOPs vs dense: ideal {percent(before['attention_flop_frac_ideal'])} -> "
+        f"{percent(after['attention_flop_frac_ideal'])}, computed "
+        f"{percent(before['attention_flop_frac_computed'])} -> "
+        f"{percent(after['attention_flop_frac_computed'])}",
         f"KV cache at {before['context_length']:,} positions ({dtype}): {before['kv_cache_bytes']:,} -> "
-        f"{after['kv_cache_bytes']:,} bytes, {saved:,} saved ({pct(saved / before['kv_cache_bytes'])})",
+        f"{after['kv_cache_bytes']:,} bytes, {saved:,} saved ({percent(saved / before['kv_cache_bytes'])})",
         f"wrote {r['checkpoint']}"])
 
 
@@ -47,7 +48,8 @@ def main(argv):
     paths = [arg for arg in argv if not arg.startswith("--")]
     (cfg,) = parse_args_or_exit([arg for arg in argv if arg.startswith("-")], PruneConfig, usage=__doc__)
     if len(paths) != 1:
-        sys.exit("name one checkpoint: python prune.py CKPT_DIR --out_dir=NEW_DIR [--min_global_frac=0.05]")
+        sys.exit(f"name one checkpoint: python prune.py CKPT_DIR --out_dir=NEW_DIR "
+                 f"[--min_global_frac={DEFAULT_MIN_GLOBAL_FRAC}]")
     try:
         report = prune(paths[0], cfg.out_dir, cfg.min_global_frac, data_dir=cfg.data_dir,
                        context_length=cfg.context_length, eval_tokens=cfg.eval_tokens, batch_size=cfg.batch_size,

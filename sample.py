@@ -12,6 +12,7 @@ from nanoaha.checkpoint import load_model
 from nanoaha.configurator import parse_args_or_exit, run_main
 from data.tokens import codec
 from nanoaha.device import pick_device
+from nanoaha.formatting import human_bytes, percent
 from nanoaha.routing_stats import global_heads_per_token
 
 
@@ -56,7 +57,7 @@ def format_timings(t):
     rate = lambda n, s: f"{n / s:,.0f} tok/s" if s else "-"
     return (f"[prefill {t['prefill_tokens']:,} tokens, {rate(t['prefill_tokens'], t['prefill_s'])} | decode "
             f"{t['decode_tokens']:,} tokens, {rate(t['decode_tokens'], t['decode_s'])} | KV cache "
-            f"{t['cache_bytes'] / 2**20:.2f} MiB]")
+            f"{human_bytes(t['cache_bytes'])}]")
 
 
 def main(argv):
@@ -83,7 +84,7 @@ def main(argv):
             shown = tokens[-len(counts):].tolist()
             print(colour_by_routing([decode([t]) for t in shown], counts, n_routed * model.config.n_head))
             print(f"\n[colour: heads that went global per token, of {n_routed * model.config.n_head}; "
-                  f"{sum(counts) / (len(counts) * n_routed * model.config.n_head):.1%} global overall]")
+                  f"{percent(sum(counts) / (len(counts) * n_routed * model.config.n_head))} global overall]")
         else:
             print(decode(tokens.tolist()))
         print(format_timings(timings))

@@ -30,6 +30,7 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
 from kernels import triton_attention  # noqa: E402
+from nanoaha.formatting import percent  # noqa: E402
 
 FULL_GRID = dict(D=[128, 64], w=[256, 128], T=[2048, 4096, 8192, 16384, 32768],
                  f=[0.0, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0])
@@ -139,7 +140,7 @@ def ms_cells(*times):
 
 def speedup_cell(baseline_ms, ms, ideal):
     speedup = baseline_ms / ms
-    return f"{speedup:.2f}x ({100 * speedup / ideal:.0f}%)"
+    return f"{speedup:.2f}x ({percent(speedup / ideal, 0)})"
 
 
 def run_group(D, w, T, fractions, sdpa_cache, seed):

@@ -15,6 +15,7 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from kernels.triton_compile import DTYPES, KERNELS, MAX_SHARED_BYTES, compile_kernel  # noqa: E402
+from nanoaha.formatting import human_bytes  # noqa: E402
 
 
 def main():
@@ -35,7 +36,7 @@ def main():
         print(json.dumps(dict(arch=args.arch, max_shared_bytes=limit, kernels=[dataclasses.asdict(r) for r in rows])))
         return
     print(f"sm_{args.arch}, launch configs of kernels/triton_common.gpu_launch_config; "
-          f"shared-memory limit per block: {limit // 1024 if limit else '?'} KiB\n")
+          f"shared-memory limit per block: {human_bytes(limit) if limit else '?'}\n")
     print("| kernel | dtype | D | registers | spilled bytes | shared KiB | tensor cores |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
 from kernels.attention import attention  # noqa: E402
+from nanoaha.formatting import percent  # noqa: E402
 
 
 def parse_args():
@@ -100,7 +101,7 @@ def main():
         global_frac, ratios = measure(T, args)
         results[T] = {name: statistics.median(values) for name, values in ratios.items()}
         cells = (f"{results[T][n]:.2f}x [{min(ratios[n]):.2f}-{max(ratios[n]):.2f}]" for n in names)
-        print(f"{T:>6} {global_frac:>7.1%}" + "".join(f"{cell:>22}" for cell in cells), flush=True)
+        print(f"{T:>6} {percent(global_frac):>7}" + "".join(f"{cell:>22}" for cell in cells), flush=True)
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     print("\ntargets (issue): routed sparse >= 2.5x and local >= 3x at T=4096, both growing with T")
     if 4096 in results:

@@ -23,6 +23,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
 from nanoaha.checkpoint import load_model  # noqa: E402
+from nanoaha.formatting import percent  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
 
@@ -97,7 +98,7 @@ def main(argv):
                      n_head=args.n_head, n_embd=args.n_embd, window=args.window, attention_backend="auto")
     print(f"## {args.n_layer} layers x {args.n_head} heads x {args.n_embd} wide, window {args.window}, random "
           f"weights\n")
-    table(lambda: suite(base, f"routed R, random {args.global_frac:.0%}", global_frac=args.global_frac,
+    table(lambda: suite(base, f"routed R, random {percent(args.global_frac, 0)}", global_frac=args.global_frac,
                         device=args.device), args.contexts, args.batches, args.new_tokens, args.repeats)
     if args.checkpoint:
         model, _ = load_model(args.checkpoint, args.device)

@@ -16,6 +16,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from model import GPT, GPTConfig  # noqa: E402
+from nanoaha.formatting import percent  # noqa: E402
 from train import TrainConfig, configure_optimizer  # noqa: E402
 
 
@@ -55,7 +56,7 @@ def main():
         batch_size, steps, warmup, dtype = 1, args.steps, 3, torch.bfloat16
     variants = {
         "dense (G)": dict(schedule="G"),
-        f"routed (R, sparse, {args.global_frac:.0%} global)": dict(
+        f"routed (R, sparse, {percent(args.global_frac, 0)} global)": dict(
             schedule="R", routing="random", random_global_q=args.global_frac, routed_mode="sparse"),
         "local (L)": dict(schedule="L"),
     }

@@ -146,10 +146,11 @@ def parse_args_or_exit(argv, *schemas, usage=None):
 
 
 def run_main(main, argv):
-    """Run a script's main: an expected error (a bad setting, a missing or corrupt file) ends it with one line on
-    stderr and exit status 1, not a traceback. NANOAHA_TRACEBACK=1 shows the traceback."""
+    """Run a script's main and return what it returns (an exit status, or None): an expected error (a bad
+    setting, a missing or corrupt file) ends it with one line on stderr and exit status 1, not a traceback.
+    NANOAHA_TRACEBACK=1 shows the traceback."""
     try:
-        main(argv)
+        return main(argv)
     except (ValueError, OSError, ImportError) as e:  # ImportError: an optional dependency is missing
         if os.environ.get("NANOAHA_TRACEBACK"):
             raise

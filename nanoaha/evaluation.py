@@ -20,6 +20,7 @@ from data.loader import TokenData
 from data.synthetic.tasks import UNKNOWN_LABEL
 from data.tokens import read_meta
 from nanoaha.device import autocast_context, pick_device, pick_dtype
+from nanoaha.formatting import human_bytes, percent
 from nanoaha.routing_stats import (kv_cache_bytes, label_counts, mean_stats, precision_recall, ratio, routing_stats,
                            routing_summary)
 
@@ -207,29 +208,22 @@ def evaluate_routing(model, data, split="val", max_examples=500, batch_size=16):
     }
 
 
-def percent(value):
-    return "     -" if value is None or math.isnan(value) else f"{100 * value:5.1f}%"
-
-
-def pct(value):
-    return percent(value).strip()
-
-
 def format_synthetic(report):
     """The synthetic-task report (evaluate_routing's dict, or its JSON form with None for nan) as lines."""
     lines = [f"{report['examples']} examples, {report['answers']} answer tokens "
              f"({report['answers_needs_global']} need context beyond the window)",
              f"answer loss {math.nan if report['answer_loss'] is None else report['answer_loss']:.4f}",
-             f"answer accuracy {percent(report['accuracy'])}: needs global {percent(report['accuracy_needs_global'])}, "
-             f"within window {percent(report['accuracy_within_window'])}",
-             f"attention FLOPs vs dense: ideal {percent(report['attention_flop_frac_ideal'])}, "
-             f"computed {percent(report['attention_flop_frac_computed'])} (routed_mode {report['routed_mode']})"]
+             f"answer accuracy {percent(report['accuracy']):>6}: "
+             f"needs global {percent(report['accuracy_needs_global']):>6}, "
+             f"within window {percent(report['accuracy_within_window']):>6}",
+             f"attention FLOPs vs dense: ideal {percent(report['attention_flop_frac_ideal']):>6}, "
+             f"computed {percent(report['attention_flop_frac_computed']):>6} (routed_mode {report['routed_mode']})"]
     if not report["routing"]:
         return "\n".join(lines + ["no routed layers: nothing to compare with the labels"])
     lines.append("layer  head  global  precision  recall")
     for row in report["routing"]:
-        lines.append(f"{row['layer']:5}  {row['head']:>4}  {percent(row['global_frac'])}     "
-                     f"{percent(row['precision'])}  {percent(row['recall'])}")
+        lines.append(f"{row['layer']:5}  {row['head']:>4}  {percent(row['global_frac']):>6}     "
+                     f"{percent(row['precision']):>6}  {percent(row['recall']):>6}")
     return "\n".join(lines)
 
 
@@ -313,34 +307,26 @@ def format_result(result, dtype="float32"):
         f"perplexity {r['perplexity']:.3f}"
     lines = [f"val loss {r['val_loss']:.4f} | {score} | {r['eval_tokens']:,} tokens"]
     if r["global_frac"] is not None:
-        layers = ", ".join(f"{i} {pct(f)}" for i, f in enumerate(r["global_frac_per_layer"]) if f is not None)
-        lines.append(f"global {pct(r['global_frac'])} of the routed decisions (per layer: {layers})")
+        layers = ", ".join(f"{i} {percent(f)}" for i, f in enumerate(r["global_frac_per_layer"]) if f is not None)
+        lines.append(f"global {percent(r['global_frac'])} of the routed decisions (per layer: {layers})")
     inference = r.get("attention_flop_frac_inference")
-    lines.append(f"attention FLOPs vs dense: ideal {pct(r['attention_flop_frac_ideal'])}, computed in training "
-                 f"{pct(r['attention_flop_frac_computed'])} (routed_mode {r['model_config']['routed_mode']})"
-                 + (f", at inference {pct(inference)}" if inference is not None else ""))
+    lines.append(f"attention FLOPs vs dense: ideal {percent(r['attention_flop_frac_ideal'])}, computed in training "
+                 f"{percent(r['attention_flop_frac_computed'])} (routed_mode {r['model_config']['routed_mode']})"
+                 + (f", at inference {percent(inference)}" if inference is not None else ""))
     lines.append(f"KV cache at {r['context_length']:,} positions ({dtype}): {r['kv_cache_bytes']:,} bytes, "
-                 f"{pct(r['kv_cache_bytes'] / r['kv_cache_bytes_dense'])} of dense "
+                 f"{percent(r['kv_cache_bytes'] / r['kv_cache_bytes_dense'])} of dense "
                  f"({r['kv_cache_bytes_dense']:,})")
     if "synthetic" in r:
         lines.append(format_synthetic(r["synthetic"]))
     return "\n".join(lines)
 
 
-def human_bytes(n):
-    """1536 -> '1.5 KiB'."""
-    for unit in ("bytes", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
-        n /= 1024
-
-
 def sweep_table(rows):
     """A threshold_sweep as a markdown table."""
     lines = ["| threshold | val loss | global | attn FLOPs ideal / computed |", "|---|---|---|---|"]
     for row in rows:
-        lines.append(f"| {row['threshold']:g} | {row['val_loss']:.4f} | {pct(row['global_frac'])} | "
-                     f"{pct(row['attention_flop_frac_ideal'])} / {pct(row['attention_flop_frac_computed'])} |")
+        lines.append(f"| {row['threshold']:g} | {row['val_loss']:.4f} | {percent(row['global_frac'])} | "
+                     f"{percent(row['attention_flop_frac_ideal'])} / {percent(row['attention_flop_frac_computed'])} |")
     return "\n".join(lines)
 
 
@@ -351,9 +337,9 @@ def markdown_table(results, dtype="float32"):
     for r in results:
         score = f"bpb {r['bits_per_byte']:.4f}" if r["bits_per_byte"] is not None else f"ppl {r['perplexity']:.3f}"
         lines.append(f"| {r['run']} | {r['layers']} | {r['val_loss']:.4f} | {score} | "
-                     f"{pct(r['global_frac'])} | {pct(r['attention_flop_frac_ideal'])} / "
-                     f"{pct(r['attention_flop_frac_computed'])} | {human_bytes(r['kv_cache_bytes'])} at "
-                     f"{r['context_length']} ({pct(r['kv_cache_bytes'] / r['kv_cache_bytes_dense'])} "
+                     f"{percent(r['global_frac'])} | {percent(r['attention_flop_frac_ideal'])} / "
+                     f"{percent(r['attention_flop_frac_computed'])} | {human_bytes(r['kv_cache_bytes'])} at "
+                     f"{r['context_length']} ({percent(r['kv_cache_bytes'] / r['kv_cache_bytes_dense'])} "
                      f"of dense) |")
     for r in results:
         if r["threshold_sweep"]:

@@ -11,9 +11,12 @@ import torch
 
 from nanoaha.checkpoint import checkpoint_path, load_checkpoint, load_model, save_checkpoint
 from nanoaha.device import autocast_context, pick_device, pick_dtype
+from nanoaha.formatting import percent
 from nanoaha.evaluation import (DEFAULT_EVAL_TOKENS, eval_data, evaluate_loss, fixed_val_batches, kv_cache_summary,
                         routing_summary, trained_data_dir)
 from model import GPTConfig
+
+DEFAULT_MIN_GLOBAL_FRAC = 0.05  # prune.py's default level (routed layers global less often than this go local)
 
 
 def layers_to_prune(global_frac_per_layer, kinds, min_global_frac):
@@ -33,12 +36,13 @@ def prune_checkpoint(ckpt, layers, record=None):
             "pruned": {"layers": list(layers), **(record or {})}}
 
 
-def prune(path, out_dir, min_global_frac=0.05, data_dir="", context_length=0, eval_tokens=DEFAULT_EVAL_TOKENS,
-          batch_size=8, device="cpu", dtype="float32"):
+def prune(path, out_dir, min_global_frac=DEFAULT_MIN_GLOBAL_FRAC, data_dir="", context_length=0,
+          eval_tokens=DEFAULT_EVAL_TOKENS, batch_size=8, device="cpu", dtype="float32"):
     """Measure each routed layer's global fraction on the fixed val tokens, write the pruned checkpoint to
     out_dir/ckpt.pt and return what changed: layers pruned, val loss and KV-cache bytes before and after."""
     if min_global_frac < 0:
-        raise ValueError(f"min_global_frac={min_global_frac}: give a global fraction >= 0 (0.05: below 5%)")
+        raise ValueError(f"min_global_frac={min_global_frac}: give a global fraction >= 0 "
+                         f"({DEFAULT_MIN_GLOBAL_FRAC}: below {percent(DEFAULT_MIN_GLOBAL_FRAC, 0)})")
     source, target = checkpoint_path(path), os.path.join(out_dir, "ckpt.pt")
     if not out_dir or os.path.abspath(source) == os.path.abspath(target):
         raise ValueError("pass --out_dir=NEW_DIR, a folder other than the checkpoint's: pruning never overwrites it")

@@ -17,6 +17,7 @@ import torch
 from tqdm import tqdm
 
 from data.synthetic.tasks import UNKNOWN_LABEL
+from nanoaha.formatting import percent
 
 
 def keys_read(kind, T, window, n_sink, device=None):
@@ -117,9 +118,9 @@ def routing_summary(stats, kinds):
 def format_routing(stats):
     """The log line's routing part: global fraction, then attention FLOPs vs dense, ideal and computed."""
     frac = stats["routed_global_frac"].item()
-    glob = "" if math.isnan(frac) else f"global {100 * frac:.1f}% "
-    return (f"{glob}attn-FLOPs ideal {100 * stats['model_ideal_flop_frac'].item():.0f}% "
-            f"computed {100 * stats['model_computed_flop_frac'].item():.0f}%")
+    glob = "" if math.isnan(frac) else f"global {percent(frac)} "
+    return (f"{glob}attn-FLOPs ideal {percent(stats['model_ideal_flop_frac'].item(), 0)} "
+            f"computed {percent(stats['model_computed_flop_frac'].item(), 0)}")
 
 
 def tensorboard_scalars(prefix, stats, kinds):
@@ -148,7 +149,7 @@ def warn_collapse(stats, kinds, threshold, step):
     so it rarely recovers: say so loudly, with what to try. Returns the collapsed layers."""
     collapsed = collapsed_layers(stats, kinds, threshold)
     if collapsed:
-        layers = ", ".join(f"{i} ({100 * stats['global_frac'][i].mean().item():.2f}% global, mean p "
+        layers = ", ".join(f"{i} ({percent(stats['global_frac'][i].mean().item(), 2)} global, mean p "
                            f"{stats['mean_p'][i].mean().item():.3f})" for i in collapsed)
         tqdm.write(f"WARNING step {step}: router collapse in layer(s) {layers}: global attention is switched off. "
                    "Try p_dense > 0, a later router_lambda_start, a longer ramp or router_budget > 0.")

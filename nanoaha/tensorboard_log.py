@@ -27,6 +27,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, PercentFormatter
 
 from data.tokens import codec
+from nanoaha.formatting import percent
 from nanoaha.routing_stats import global_heads_per_token, tensorboard_scalars
 
 SNIPPET_TOKENS = 200      # tokens of the first val window shown with their routing
@@ -48,11 +49,6 @@ def custom_scalars_layout(prefixes, kinds):
     return {f"{prefix}: global fraction per head": {
         f"layer {layer}": ["Multiline", [rf"{prefix}_heads_layer{layer}/head\d+"]]
         for layer, kind in enumerate(kinds) if kind == "routed"} for prefix in prefixes}
-
-
-def percent(frac):
-    """A short percentage label: 100%, 37%, 4.2%, 0%."""
-    return f"{100 * frac:.0f}%" if frac >= 0.1 or frac == 0 else f"{100 * frac:.1f}%"
 
 
 def as_array(global_frac):
@@ -78,13 +74,13 @@ def heatmap_figure(global_frac, kinds):
             continue
         for head in range(n_head):
             if not math.isnan(frac[layer, head]):
-                ax.text(head, layer, percent(frac[layer, head]), ha="center", va="center", fontsize=9,
+                ax.text(head, layer, percent(frac[layer, head], digits=None), ha="center", va="center", fontsize=9,
                         color="black" if frac[layer, head] > 0.4 else "white")
     ax.set_xticks(range(n_head), [f"h{h}" for h in range(n_head)], fontsize=9)
     ax.set_yticks(range(n_layer), [f"layer {i} {kind[0].upper()}" for i, kind in enumerate(kinds)], fontsize=9)
     ax.tick_params(length=0)
     mean = frac[routed].mean() if routed.any() else math.nan
-    ax.set_title(f"global fraction per layer and head (routed: {percent(mean)})" if routed.any()
+    ax.set_title(f"global fraction per layer and head (routed: {percent(mean, digits=None)})" if routed.any()
                  else "global fraction per layer and head", fontsize=10)
     bar = fig.colorbar(image, ax=ax, fraction=0.05, pad=0.03)
     bar.set_ticks([0, 0.02, 0.1, 0.25, 0.5, 0.75, 1])  # about evenly spaced on the square-root scale
@@ -107,7 +103,7 @@ def head_usage_figure(global_frac, kinds):
     ax = fig.add_subplot()
     ax.bar(range(len(values)), values, width=0.85, color="#3b6fb6")
     mean = float(np.mean(values))
-    ax.axhline(mean, color="#d62728", linestyle="--", linewidth=1, label=f"mean {percent(mean)}")
+    ax.axhline(mean, color="#d62728", linestyle="--", linewidth=1, label=f"mean {percent(mean, digits=None)}")
     if len(heads) <= 48:
         ax.set_xticks(range(len(heads)), [name for _, name in heads], rotation=90, fontsize=7)
     else:
@@ -183,7 +179,7 @@ def snippet_figure(pieces, counts, max_count, columns=SNIPPET_COLUMNS):
     ax.axis("off")
     share = sum(counts) / (len(counts) * max_count) if len(counts) and max_count else 0.0
     title = (f"val snippet, {len(pieces)} tokens: background = routed heads that went global per token\n"
-             f"(of {max_count}; {percent(share)} overall)")
+             f"(of {max_count}; {percent(share, digits=None)} overall)")
     fig.text(margin / fig_w, 1 - 0.08 / fig_h, title, fontsize=10, va="top", linespacing=1.3)
     bar_ax = fig.add_axes((margin / fig_w, 0.45 / fig_h, 3.0 / fig_w, 0.12 / fig_h))
     bar = fig.colorbar(matplotlib.cm.ScalarMappable(matplotlib.colors.Normalize(0, max_count), cmap), cax=bar_ax,

@@ -6,9 +6,10 @@ import time
 import pytest
 
 import compare
-from helpers import Script, table_cells, write_grid
-from nanoaha import checkpoint, grid
-from nanoaha.grid import load_grid, plan
+from helpers import Script, run_script, table_cells, write_grid
+from nanoaha import checkpoint
+from nanoaha.grid.gridfile import load_grid
+from nanoaha.grid.plan import launches, plan
 
 TINY = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 32, "window": 8, "batch_size": 4,
         "max_iters": 6, "warmup_iters": 2, "eval_interval": 3, "eval_iters": 1, "log_interval": 1,
@@ -44,7 +45,7 @@ def test_grid_runs_skips_what_is_complete_resumes_what_is_not_and_writes_the_rec
     assert "this invocation: 5 processes" in readme  # local and routed: train, evaluate; broken: train
 
     logs = {run: os.path.getmtime(os.path.join(jobs[run].out_dir, "train.log")) for run in ("local", "routed")}
-    launched = {run: len(grid.launches(jobs[run].out_dir)) for run in ("local", "routed")}
+    launched = {run: len(launches(jobs[run].out_dir)) for run in ("local", "routed")}
     assert launched == {"local": 2, "routed": 2}  # train + evaluate
     del runs["broken"]
     runs["routed"]["max_iters"] = 9  # the grid asks for more: routed resumes from its step-6 checkpoint
@@ -56,8 +57,8 @@ def test_grid_runs_skips_what_is_complete_resumes_what_is_not_and_writes_the_rec
     assert [signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)] == handlers
     assert sorted(os.listdir(records)) == [record, record + "_2"]  # a record is written once: the new one beside it
     assert os.path.getmtime(os.path.join(jobs["local"].out_dir, "train.log")) == logs["local"]
-    assert len(grid.launches(jobs["local"].out_dir)) == 2  # nothing launched for the complete run
-    resumed = grid.launches(jobs["routed"].out_dir)[2:]
+    assert len(launches(jobs["local"].out_dir)) == 2  # nothing launched for the complete run
+    resumed = launches(jobs["routed"].out_dir)[2:]
     assert [launch["step"] for launch in resumed] == ["train", "evaluate"]
     assert "--init_from=resume" in resumed[0]["argv"] and "--max_iters=9" in resumed[0]["argv"]
     with open(os.path.join(jobs["routed"].out_dir, "train.log")) as f:
@@ -94,3 +95,24 @@ def test_a_signal_stops_the_grid_and_every_run_saves_its_step(tmp_path, tiny_cor
     assert step >= 3 and "stopped by SIGTERM: saved" in open(log).read()
     assert not os.path.exists(os.path.join(out, "stop", "later__seed_1"))  # no new run started
     assert not os.path.exists(tmp_path / "results")  # and no record of an unfinished grid
+
+
+def test_a_bad_argument_to_compare_ends_with_one_line(tmp_path):
+    not_rows = tmp_path / "not_a_record"
+    not_rows.mkdir()
+    (not_rows / "rows.json").write_text('{"grid": "g", "rows": []}')  # JSON, but no references
+    cases = {
+        ("configs/grids/tiny.py", "--jbos=2"): "unknown config key 'jbos'; did you mean jobs?",
+        ("configs/grids/no_such_grid.py", "--dry_run"): "grid file 'configs/grids/no_such_grid.py' does not exist",
+        ("--summary=s", "configs/grids/tiny.py"): "configs/grids/tiny.py/rows.json not found or not JSON",
+        ("--summary=s", str(not_rows)): "is not a rows.json that compare.py wrote (KeyError: 'references')",
+        ("--summary=s", f"--record_dir={tmp_path / 'a_file' / 'below'}", "results/2026-12-02_stdlib_bpe"):
+            "Not a directory",
+    }
+    (tmp_path / "a_file").write_text("")
+    for args, message in cases.items():
+        done = run_script("compare.py", *args, timeout=120)
+        assert done.returncode == 1 and message in done.stderr, (args, done.stderr)
+        assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr, (args, done.stderr)
+    assert not os.path.exists(tmp_path / "a_file" / "below")
+

@@ -1,8 +1,10 @@
 import io
+import math
 import os
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.custom_scalar import layout_pb2
@@ -12,6 +14,7 @@ import train
 from data.loader import TokenData
 from helpers import tiny_train_configs
 from nanoaha import tensorboard_log
+from nanoaha.tensorboard_log import figure_to_array, head_usage_figure, heatmap_figure, snippet_figure
 
 
 def events(log_dir):
@@ -77,6 +80,20 @@ def test_training_writes_every_view_with_sane_values(tmp_path, tiny_corpus, monk
     prompt = bytes(first_window[:tensorboard_log.SAMPLE_PROMPT_TOKENS].tolist()).decode()
     assert "**greedy continuation** (20 tokens)" in sample
     assert "\n".join("    " + line for line in prompt.split("\n")) in sample
+
+    # the images are the figures of the logged numbers: redrawn from the per-head scalars, pixel for pixel
+    logged = {tag: np.asarray(Image.open(io.BytesIO(acc.Images(tag)[-1].encoded_image_string)))
+              for tag in tags["images"]}
+    frac = torch.tensor([[acc.Scalars(f"val_routing_heads_layer{layer}/head{h}")[-1].value if kind == "routed"
+                          else math.nan for h in range(mcfg.n_head)] for layer, kind in enumerate(mcfg.kinds)])
+    assert np.array_equal(logged["val_routing/global_frac_heatmap"], figure_to_array(heatmap_figure(frac, mcfg.kinds)))
+    assert np.array_equal(logged["val_routing/head_usage_sorted"],
+                          figure_to_array(head_usage_figure(frac, mcfg.kinds)))
+    snippet = first_window[:tensorboard_log.SNIPPET_TOKENS].tolist()
+    pieces, _ = tensorboard_log.token_pieces(snippet, {"encoding": "bytes"})
+    n_global = 2 * mcfg.n_head  # two routed layers
+    assert logged["val_routing/snippet"].shape == figure_to_array(snippet_figure(pieces, [0] * len(pieces),
+                                                                                 n_global)).shape
 
     hparams = acc.PluginTagToContent("hparams")
     start = plugin_data_pb2.HParamsPluginData.FromString(hparams["_hparams_/session_start_info"]).session_start_info

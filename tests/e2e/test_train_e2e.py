@@ -164,7 +164,7 @@ def test_train_and_sample_command_lines(tmp_path, tiny_corpus):
                   "--device=cpu")
     assert sampled.returncode == 0, sampled.stderr
     assert "heads that went global" in sampled.stdout and "\x1b[48;5;" in sampled.stdout
-    assert re.search(r"\[prefill 4 tokens, [0-9,]+ tok/s \| decode 9 tokens, [0-9,]+ tok/s \| KV cache [0-9.]+ MiB\]",
+    assert re.search(r"\[prefill 4 tokens, [0-9,]+ tok/s \| decode 9 tokens, [0-9,]+ tok/s \| KV cache [0-9.]+ \w*B\]",
                      sampled.stdout)
     bad = run_script("train.py", "configs/quickstart.py", "--max_iter=3")
     assert bad.returncode != 0 and "did you mean max_iters" in bad.stderr

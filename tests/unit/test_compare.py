@@ -7,18 +7,10 @@ import pytest
 
 import compare
 from helpers import ROOT, table_cells, write_grid
-from nanoaha import grid
-from nanoaha.grid import (
-    GridError,
-    Row,
-    best_fixed,
-    gap_recovery,
-    load_grid,
-    plan,
-    results_table,
-    spread,
-    train_argv,
-)
+from nanoaha.grid import plots, runner, tables
+from nanoaha.grid.gridfile import Grid, GridError, load_grid, run_order
+from nanoaha.grid.plan import plan, train_argv, train_state, window_groups
+from nanoaha.grid.tables import Row, best_fixed, gap_recovery, results_table, spread
 
 
 def test_plan_puts_a_dependency_first_and_points_init_from_at_its_checkpoint(tmp_path):
@@ -90,9 +82,9 @@ def test_matched_rates_come_from_the_learned_runs_evaluation_at_the_same_seed(tm
             with pytest.raises(GridError, match=r"random__seed_2 trained at per-layer rates \[0.25, 0.0, 0.0625, "
                                                  r"0.0\], but routed seed 2's evaluation now gives \[0.25, 0.0, 0.2, "
                                                  r"0.0\]: delete that folder"):
-                grid.train_state(random_2, g, out)
+                train_state(random_2, g, out)
         else:  # within the tolerance: the run stands (no summary yet: resume)
-            assert grid.train_state(random_2, g, out) == "resume"
+            assert train_state(random_2, g, out) == "resume"
 
 
 def test_run_jobs_keeps_the_job_limit_and_the_order_and_blocks_what_depends_on_a_failure(tmp_path, monkeypatch):
@@ -114,8 +106,8 @@ def test_run_jobs_keeps_the_job_limit_and_the_order_and_blocks_what_depends_on_a
             finished.append(job.key)
         return "failed: on purpose" if job.run == "broken" else "ok"
 
-    monkeypatch.setattr(grid, "execute", fake_execute)
-    status = grid.run_jobs(jobs, g, str(tmp_path / "out"), n_jobs=2, log=lambda line: None)
+    monkeypatch.setattr(runner, "execute", fake_execute)
+    status = runner.run_jobs(jobs, g, str(tmp_path / "out"), n_jobs=2, log=lambda line: None)
     assert peak[0] == 2 and len(finished) == 8
     assert status[("ft", 2)] == "ok" and status[("broken", 1)] == "failed: on purpose"
     assert status[("after_broken", 1)] == "blocked: broken seed 1 did not finish"
@@ -188,8 +180,8 @@ def test_rows_are_compared_at_equal_seeds_when_some_ran_a_third():
     assert lines["routed"][11] == "-0.015 [-0.020, -0.010] better on every seed"
     assert lines["routed"][10] == "beats both" and lines["LLLG"][10] == "beats both"
     assert "rows ran different numbers of seeds" in results_table(rows, references)
-    assert grid.paired_verdict([0.0004, 0.003]) == "tie"  # prints as +0.000 at seed 1: no difference there
-    assert grid.paired_verdict([0.0006, 0.003]) == "worse" and grid.paired_verdict([-0.001, -0.002]) == "better"
+    assert tables.paired_verdict([0.0004, 0.003]) == "tie"  # prints as +0.000 at seed 1: no difference there
+    assert tables.paired_verdict([0.0006, 0.003]) == "worse" and tables.paired_verdict([-0.001, -0.002]) == "better"
 
 
 def test_the_comparisons_table_gives_each_question_its_same_seed_difference(tmp_path):
@@ -198,16 +190,15 @@ def test_the_comparisons_table_gives_each_question_its_same_seed_difference(tmp_
             Row("random", "random", "R", [1], [result(1, 2.05)])]
     comparisons = {"learned vs local": ("routed", "local"), "learned vs random": ("routed", "random"),
                    "learned vs dense": ("routed", "dense")}
-    lines = table_cells(grid.comparisons_table(rows, comparisons))
+    lines = table_cells(tables.comparisons_table(rows, comparisons))
     assert lines["learned vs local"][1:] == ["routed - local", "-0.025 [-0.030, -0.020] better on every seed"]
     assert lines["learned vs random"][2] == "-0.070 (1 seed)" and lines["learned vs dense"][2] == "missing"
-    assert grid.comparisons_table(rows, {}) == ""
+    assert tables.comparisons_table(rows, {}) == ""
     path = write_grid(tmp_path / "g.py", {"routed": {}, "local": {}}, extra="comparisons = {'q': ['routed', 'local']}")
     assert load_grid(path).comparisons == {"q": ("routed", "local")}
 
 
 def test_plots_are_small_pngs_drawn_from_the_rows(tmp_path):
-    from nanoaha import plots
     sweep = [{"threshold": t, "val_loss": 2.0 + t, "global_frac": 1 - t, "attention_flop_frac_ideal": 1 - t,
               "attention_flop_frac_computed": 1.0} for t in (0.1, 0.5, 0.9)]
     per_head = [[0.5, 0.25], None, [0.0, 1.0]]
@@ -219,7 +210,17 @@ def test_plots_are_small_pngs_drawn_from_the_rows(tmp_path):
             Row("lost", "fixed", "G", [1], [result(1, None)])]
     references = {"local": "local", "dense": "dense"}
     rows.append(Row("dense", "fixed", "GGG", [1, 2], [result(1, 2.4), result(2, 2.1)]))
-    plots.pareto(tmp_path / "pareto.png", rows, references)
+    rows.append(Row("half", "fixed", "GGG", [1], [result(1, 3.5)]))  # far above the references: off the plot
+    ax = plots.pareto(tmp_path / "pareto.png", rows, references).axes[0]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["half (+1.200, off the plot)", "local", "routed",
+                                                                  "routed_w64", "dense"]  # lost has no loss
+    assert ax.get_ylim()[1] == pytest.approx(0.45) and ax.get_ylabel() == "val loss minus local's, same seed"
+    assert [c.get_label() for c in ax.containers] == ["local", "routed", "routed_w64", "dense"]
+    assert [c.lines[0].get_xydata()[0].tolist() for c in ax.containers] == [pytest.approx([0.5, y])
+                                                                          for y in (0.0, -0.19, -0.25, 0.1)]
+    # routed's sweep at the seed it shares with local, shifted as its trained point: loss - 2.3
+    (sweep_line,) = [line for line in ax.lines if line.get_linewidth() == 0.7]
+    assert sweep_line.get_xydata().ravel().tolist() == pytest.approx([0.1, 0.6, 0.5, 0.2, 0.9, -0.2])
     # losses minus local's at the same seed (local ran seed 1 only): dense +0.1, routed -0.19, wide -0.25
     losses, label = plots._losses(rows, references)
     assert label == "val loss minus local's, same seed" and losses["lost"] == (None, {})
@@ -229,15 +230,23 @@ def test_plots_are_small_pngs_drawn_from_the_rows(tmp_path):
     raw, label = plots._losses(rows, {})
     assert label == "val loss" and raw["routed"][0] == pytest.approx((2.115, 2.11, 2.12))
     assert plots._loss_ceiling(raw, {}) is None
-    plots.window(tmp_path / "window.png", [[(32, routed), (64, wide)]])
-    plots.heatmap(tmp_path / "heatmap.png", "routed seed 1", per_head, "RLR")
-    plots.val_curves(tmp_path / "curves.png", [(row.run, row.results[0]["val_history"]) for row in rows])
+    ax = plots.window(tmp_path / "window.png", [[(32, routed), (64, wide)]]).axes[0]
+    assert ax.get_xscale() == "log" and [t.get_text() for t in ax.get_xticklabels()] == ["32", "64"]
+    (group,) = ax.containers
+    assert group.get_label() == "routed / routed_w64" and group.lines[0].get_xydata().tolist() == [[32, 0.3], [64, 0.2]]
+    ax = plots.heatmap(tmp_path / "heatmap.png", "routed seed 1", per_head, "RLR").axes[0]
+    assert [t.get_text() for t in ax.texts] == ["50%", "25%", "0%", "100%"]  # the local layer's row is blank
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["0 R", "1 L", "2 R"]
+    assert ax.images[0].get_array().tolist() == [[0.5, 0.25], [None, None], [0.0, 1.0]]
+    ax = plots.val_curves(tmp_path / "curves.png", [(row.run, row.results[0]["val_history"]) for row in rows]).axes[0]
+    (curve,) = ax.lines  # the rows without a history draw none; step 0 is left out
+    assert curve.get_label() == "routed" and curve.get_xydata().tolist() == [[10, 3.0], [20, 2.5]]
     for name in ("pareto.png", "window.png", "heatmap.png", "curves.png"):
         data = (tmp_path / name).read_bytes()
         assert data.startswith(b"\x89PNG") and 5_000 < len(data) < 150_000
 
 
-def test_a_summary_puts_records_side_by_side_from_their_rows_json(tmp_path, capsys):
+def test_a_summary_puts_records_side_by_side_from_their_rows_json(tmp_path, capsys, monkeypatch):
     """rows.json holds what a record's table and plots need; --summary reads two records back into one table
     (a column group per record) and one plot."""
     def rows(shift):
@@ -249,12 +258,14 @@ def test_a_summary_puts_records_side_by_side_from_their_rows_json(tmp_path, caps
         records.append(str(tmp_path / f"2026-01-01_{name}"))
         os.makedirs(records[-1])
         asked = {"learned vs local": ("routed", "local")} if name == "bytes" else {}
-        g = grid.Grid(name, "", "", [], {}, [1, 2], {}, {}, {"local": "local", "dense": "dense"}, {}, asked)
-        grid.save_rows(os.path.join(records[-1], "rows.json"), g, rows(shift))
-    name, references, loaded, comparisons = grid.load_rows(records[1])
+        g = Grid(name, "", "", [], {}, [1, 2], {}, {}, {"local": "local", "dense": "dense"}, {}, asked)
+        tables.save_rows(os.path.join(records[-1], "rows.json"), g, rows(shift))
+    name, references, loaded, comparisons = tables.load_rows(records[1])
     assert name == "bpe" and references == {"local": "local", "dense": "dense"} and loaded == rows(1.0)
-    assert comparisons == {} and grid.load_rows(records[0])[3] == {"learned vs local": ("routed", "local")}
+    assert comparisons == {} and tables.load_rows(records[0])[3] == {"learned vs local": ("routed", "local")}
     out = str(tmp_path / "results")
+    drawn, draw = [], plots.pareto_panels
+    monkeypatch.setattr(plots, "pareto_panels", lambda *args: drawn.append(draw(*args)))
     assert compare.main(["--summary=both", *records, f"--record_dir={out}"]) == 0
     (folder,) = os.listdir(out)
     assert folder.endswith("_both") and set(os.listdir(os.path.join(out, folder))) == {"README.md", "table.md",
@@ -272,6 +283,11 @@ def test_a_summary_puts_records_side_by_side_from_their_rows_json(tmp_path, caps
     assert table_cells(table)["learned vs local"][1:] == ["routed - local", better, better]
     png = open(os.path.join(out, folder, "pareto.png"), "rb").read()
     assert png.startswith(b"\x89PNG") and 5_000 < len(png) < 200_000
+    (fig,) = drawn  # one panel per record, one legend for both
+    assert [ax.get_title() for ax in fig.axes] == ["bytes", "bpe"]
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["local", "dense", "routed"]
+    for ax in fig.axes:  # the same same-seed differences in both: bpe is bytes shifted by 1.0
+        assert [c.lines[0].get_ydata()[0] for c in ax.containers] == pytest.approx([0.0, -0.17, -0.12])
     with pytest.raises(SystemExit, match="rows.json not found"):
         compare.main(["--summary=again", str(tmp_path), f"--record_dir={out}"])
 
@@ -293,8 +309,69 @@ def test_the_committed_grids_plan(tmp_path):
     for name in sorted(names):
         g = load_grid(os.path.join(ROOT, "configs", "grids", name))
         jobs = plan(g, str(tmp_path))
-        assert g.doc and [j.run for j in jobs if j.seed == g.run_seeds[j.run][0]] == grid.run_order(g)
+        assert g.doc and [j.run for j in jobs if j.seed == g.run_seeds[j.run][0]] == run_order(g)
         if name != "tiny.py":
             assert {"local", "dense"} <= set(g.references.values())
             assert all(len(g.run_seeds[r]) >= 2 for r in g.runs)
-            assert grid.window_groups(jobs)  # the window sweep
+            assert window_groups(jobs)  # the window sweep
+
+
+def two_rows():
+    from nanoaha.grid.tables import Row
+    return [Row("local", "fixed", "L", [1, 2], [result(1, 2.000), result(2, 2.000)]),
+            Row("routed", "routed", "R", [1, 2], [result(1, 1.999, global_frac=0.1), result(2, 1.998)])]
+
+
+
+def test_the_table_notes_state_the_smallest_difference_the_verdicts_use(monkeypatch):
+    from nanoaha.grid import tables
+    references = {"local": "local"}
+    assert "by 0.0005 or more (prints as 0.001 or more)" in tables.results_table(two_rows(), references)
+    monkeypatch.setattr(tables, "SMALLEST_DIFFERENCE", 0.0015)  # routed's -0.001 and -0.002 now include a tie
+    table = tables.results_table(two_rows(), references)
+    assert "by 0.0015 or more (prints as 0.002 or more)" in table and "] tie |" in table
+    summary = tables.summary_table([("g", two_rows(), references)])
+    assert "by 0.0015 or more, else a tie" in summary
+
+
+
+RECORDS = ["results/2026-12-02_stdlib_bytes", "results/2026-12-02_stdlib_bpe"]  # the README's summary reads these
+
+
+
+@pytest.mark.parametrize("record", RECORDS)
+def test_a_committed_records_table_regenerates_from_its_rows_json_byte_for_byte(record):
+    """A record's table.md is drawn from its rows.json alone. When a change to the tables is meant, this says
+    which committed records' tables it changes (records are written once: they keep the old table)."""
+    from nanoaha.grid.tables import load_rows, record_table
+    root = ROOT
+    _, references, rows, comparisons = load_rows(os.path.join(root, record))
+    with open(os.path.join(root, record, "table.md")) as f:
+        assert record_table(rows, references, comparisons) == f.read()
+
+
+
+def test_the_readmes_summary_of_the_committed_records_regenerates_byte_for_byte():
+    """2026-12-02_stdlib_bpe was written before grids had comparisons: the summary still reads it."""
+    from nanoaha.grid.tables import load_rows, summary_record_table
+    root = ROOT
+    grids = [load_rows(os.path.join(root, record)) for record in RECORDS]
+    assert [len(comparisons) > 0 for *_, comparisons in grids] == [True, False]
+    with open(os.path.join(root, "results", "2026-12-02_stdlib_grids", "table.md")) as f:
+        assert summary_record_table([(name, rows, refs, comps) for name, refs, rows, comps in grids]) == f.read()
+
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["configs/grids/tiny.py", "--jobs=two"], "config error: config key 'jobs' expects int, got the string 'two'"),
+    (["configs/grids/tiny.py", "--jobs=0"], "--jobs=0: run at least one training at a time"),
+    (["configs/grids/tiny.py", "configs/grids/stdlib_bpe.py"], "name one grid file: python compare.py"),
+    (["--summary=s"], "--summary=NAME: name the record folders to put side by side"),
+    (["configs/grids/tiny.py", "--dry_run", "--jobs"], "config error: override '--jobs' must look like --jobs=VALUE"),
+])
+def test_compare_refuses_a_bad_command_line_with_one_line(argv, message):
+    import compare
+    with pytest.raises(SystemExit) as e:
+        compare.main(argv)
+    assert str(e.value).startswith(message) and "\n" not in str(e.value)
+

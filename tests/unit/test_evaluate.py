@@ -88,3 +88,20 @@ def test_prune_checkpoint_turns_layers_local_and_drops_their_routers(tmp_path, p
     model, _ = load_model(str(tmp_path / "pruned.pt"), "cpu")  # strict: no router left over, none missing
     assert model.config.layer_letters == "RGLG" and model.blocks[2].attn.router is None
     assert torch.equal(model.blocks[2].attn.qkv.weight, ckpt["model"]["blocks.2.attn.qkv.weight"])
+
+
+def test_a_negative_pruning_level_names_the_default_level():
+    from nanoaha import pruning
+    with pytest.raises(ValueError, match=r"min_global_frac=-0.1: give a global fraction >= 0 \(0.05: below 5%\)"):
+        pruning.prune("no/such/ckpt", "out", min_global_frac=-0.1)
+
+
+
+def test_pruning_keeps_a_layer_exactly_at_the_level_and_prunes_one_just_below():
+    """'below min_global_frac' is strict: a layer global exactly as often as the level asks for stays routed."""
+    from nanoaha.pruning import layers_to_prune
+    level = 0.05
+    fracs = [level, math.nextafter(level, 0.0), level * 2, 0.0]
+    assert layers_to_prune(fracs, ["routed", "routed", "routed", "local"], level) == [1]
+    assert layers_to_prune([0.0, 0.0], ["routed", "routed"], 0.0) == []  # level 0 prunes nothing
+

@@ -13,9 +13,9 @@ from nanoaha.tensorboard_log import (
     heatmap_figure,
     hparam_values,
     layout_tokens,
-    percent,
     snippet_figure,
 )
+from nanoaha.formatting import percent
 
 KINDS = ["routed", "local", "dense"]
 
@@ -106,4 +106,4 @@ def test_hparams_keep_scalar_settings_only():
 
 
 def test_percent_labels():
-    assert [percent(f) for f in (1.0, 0.372, 0.042, 0.0004, 0.0)] == ["100%", "37%", "4.2%", "0.0%", "0%"]
+    assert [percent(f, digits=None) for f in (1.0, 0.372, 0.042, 0.0004, 0.0)] == ["100%", "37%", "4.2%", "0.0%", "0%"]

@@ -1,13 +1,15 @@
 """The record's plots (matplotlib, Agg, small PNGs): loss against attention FLOPs (the Pareto picture), global
 fraction against window, per-run layer x head heatmaps of global fractions, val loss curves. compare.py draws
-them from grid.Row lists. Figures are made without pyplot (no global state, no display)."""
+them from tables.Row lists. Figures are made without pyplot (no global state, no display); each function
+returns the Figure it saved."""
 import math
 
 import matplotlib
 from matplotlib.figure import Figure
 from matplotlib.ticker import PercentFormatter
 
-from nanoaha.grid import paired_by_seed, spread
+from nanoaha.formatting import percent
+from nanoaha.grid.tables import paired_by_seed, spread
 
 FIGSIZE, WIDE, DPI = (6.4, 4.2), (8.4, 4.6), 100  # WIDE: room for a legend of up to 20 runs beside the plot
 MARKERS = {"fixed": "s", "random": "^", "routed": "o"}
@@ -29,8 +31,10 @@ def _axes(figsize=FIGSIZE):
 
 
 def _save(fig, path):
+    """Lay out and write the figure; returns it (tests read what was drawn from it)."""
     fig.tight_layout()
     fig.savefig(path, dpi=DPI)
+    return fig
 
 
 def _error(stat):
@@ -51,7 +55,7 @@ def pareto(path, rows, references=None):
     _pareto_points(ax, rows, {row.run: _color(i) for i, row in enumerate(rows)}, references)
     ax.set_title(f"loss against attention cost ({PARETO_TITLE})", fontsize=9)
     _legend_beside(ax)
-    _save(fig, path)
+    return _save(fig, path)
 
 
 def pareto_panels(path, panels):
@@ -72,6 +76,7 @@ def pareto_panels(path, panels):
     fig.legend(list(handles.values()), list(handles), fontsize=7, loc="center right")
     fig.tight_layout(rect=(0, 0, 1 - 2.5 / fig.get_figwidth(), 1))
     fig.savefig(path, dpi=DPI)
+    return fig
 
 
 def _losses(rows, references):
@@ -152,7 +157,7 @@ def window(path, groups):
     ax.grid(alpha=0.3)
     if ax.has_data():
         ax.legend(fontsize=7)
-    _save(fig, path)
+    return _save(fig, path)
 
 
 def heatmap(path, run, per_head, layers):
@@ -166,15 +171,15 @@ def heatmap(path, run, per_head, layers):
         for i, heads in enumerate(grid):
             for h, value in enumerate(heads):
                 if not math.isnan(value):
-                    ax.text(h, i, f"{100 * value:.0f}", ha="center", va="center", fontsize=7,
+                    ax.text(h, i, percent(value, 0), ha="center", va="center", fontsize=7,
                             color="white" if value < 0.6 else "black")
     ax.set_xticks(range(n_head))
     ax.set_yticks(range(n_layer), [f"{i} {layers[i]}" for i in range(n_layer)])
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
-    ax.set_title(f"{run}: global fraction (%)", fontsize=10)
+    ax.set_title(f"{run}: global fraction", fontsize=10)
     fig.colorbar(image, ax=ax, fraction=0.05, format=PercentFormatter(1.0, decimals=0))
-    _save(fig, path)
+    return _save(fig, path)
 
 
 def val_curves(path, curves):
@@ -190,4 +195,4 @@ def val_curves(path, curves):
     ax.set_title("val loss during training (first seed)", fontsize=10)
     ax.grid(alpha=0.3)
     _legend_beside(ax)
-    _save(fig, path)
+    return _save(fig, path)

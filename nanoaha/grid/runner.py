@@ -1,0 +1,114 @@
+"""Running a plan: each job's processes (train.py, then evaluate.py, one thread each), at most n_jobs at a time,
+each job once the jobs it depends on are done; stopping them on request (compare.py's signal handler)."""
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+from nanoaha.atomic_files import write_json
+from nanoaha.grid.plan import (eval_argv, eval_json, eval_state, launches, matched_run, read_json, train_argv,
+                               train_state)
+
+
+# Stopping a grid (compare.py's SIGINT/SIGTERM handler calls request_stop): no new job starts, and every running
+# process gets one SIGTERM, on which train.py saves a checkpoint at its current step. Processes run in their own
+# session, so a Ctrl-C reaches only the runner, which then signals each of them once.
+stop_requested = threading.Event()
+_running, _running_lock = set(), threading.Lock()
+INTERRUPTED_CODES = (128 + signal.SIGINT, 128 + signal.SIGTERM)
+THREADS_PER_PROCESS = 1  # OMP_NUM_THREADS of every process: --jobs trainings then use --jobs cores
+
+
+def request_stop():
+    stop_requested.set()
+    with _running_lock:
+        for proc in _running:
+            proc.send_signal(signal.SIGTERM)
+
+
+def launch(job, step, argv, log_name):
+    """Run one process for a job (THREADS_PER_PROCESS threads), output appended to OUT_DIR/<log_name>;
+    record it in OUT_DIR/launches.json. Returns its exit code."""
+    os.makedirs(job.out_dir, exist_ok=True)
+    started = time.time()
+    with open(os.path.join(job.out_dir, log_name), "a") as log:
+        with _running_lock:
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env={**os.environ, "OMP_NUM_THREADS": str(THREADS_PER_PROCESS)},
+                                    start_new_session=True)
+            _running.add(proc)
+            if stop_requested.is_set():
+                proc.send_signal(signal.SIGTERM)
+        code = proc.wait()
+        with _running_lock:
+            _running.discard(proc)
+    record = launches(job.out_dir) + [{"step": step, "argv": argv, "cwd": os.getcwd(), "started": time.strftime(
+        "%Y-%m-%d %H:%M:%S", time.localtime(started)), "wall_s": round(time.time() - started, 2), "returncode": code}]
+    write_json(os.path.join(job.out_dir, "launches.json"), record)
+    return code
+
+
+def log_line(line):
+    """One progress line, written whole: jobs log from several threads, and print() writes the text and the
+    newline apart, so two lines could run together."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def execute(job, grid, out_root, log=log_line):
+    """Train (or resume, or skip) and evaluate one job. Returns 'ok' or what went wrong."""
+    state = train_state(job, grid, out_root)
+    if state != "skip":
+        argv = train_argv(job, grid, out_root, resume=state == "resume")
+        if argv is None:
+            return f"failed: no evaluation of {matched_run(job)} seed {job.seed} to match"
+        log(f"[{time.strftime('%H:%M:%S')}] {job.label}: {'resuming' if state == 'resume' else 'training'}")
+        code = launch(job, "train", argv, "train.log")
+        summary = read_json(os.path.join(job.out_dir, "train_summary.json")) or {}
+        if code in INTERRUPTED_CODES:
+            return f"interrupted at step {summary.get('iter_num', '?')} (checkpoint saved): run again to resume"
+        if code != 0 or not summary.get("complete"):
+            return f"failed: train.py exited with {code}, see {os.path.join(job.out_dir, 'train.log')}"
+    if eval_state(job, grid) != "skip":
+        if stop_requested.is_set():
+            return "interrupted before its evaluation: run again to evaluate"
+        log(f"[{time.strftime('%H:%M:%S')}] {job.label}: evaluating")
+        code = launch(job, "evaluate", eval_argv(job, grid), "eval.log")
+        if code != 0 or read_json(eval_json(job.out_dir)) is None:
+            return f"failed: evaluate.py exited with {code}, see {os.path.join(job.out_dir, 'eval.log')}"
+    log(f"[{time.strftime('%H:%M:%S')}] {job.label}: done")
+    return "ok"
+
+
+def run_jobs(jobs, grid, out_root, n_jobs=1, log=log_line):
+    """Every job, at most n_jobs at a time, each once its dependencies are done. Returns {(run, seed): status}:
+    'ok', 'failed: ...' or 'blocked: ...' (a dependency failed)."""
+    status, pending, running = {}, list(jobs), {}
+    with ThreadPoolExecutor(max_workers=n_jobs) as pool:
+        while pending or running:
+            for job in list(pending):
+                failed = [d for d in job.deps if d in status and status[d] != "ok"]
+                if failed:
+                    status[job.key] = f"blocked: {failed[0][0]} seed {failed[0][1]} did not finish"
+                    pending.remove(job)
+                elif stop_requested.is_set():
+                    status[job.key] = "interrupted before it started"
+                    pending.remove(job)
+                elif len(running) < n_jobs and all(status.get(d) == "ok" for d in job.deps):
+                    running[pool.submit(execute, job, grid, out_root, log)] = job
+                    pending.remove(job)
+            if not running:
+                break
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                job = running.pop(future)
+                try:
+                    status[job.key] = future.result()
+                except Exception as e:  # a job's bookkeeping failed: the others go on
+                    status[job.key] = f"failed: {type(e).__name__}: {e}"
+                if status[job.key] != "ok":
+                    log(f"{job.label}: {status[job.key]}")
+    return status

@@ -1,0 +1,369 @@
+"""A grid's results: one Row per run with its per-seed numbers (from each run folder's eval.json,
+train_summary.json and launches.json), the spreads over seeds, same-seed differences and their verdicts, the
+record's tables (table.md, the comparisons) and the summary's, and rows.json, from which a record's tables and
+plots are drawn again."""
+import dataclasses
+import math
+import os
+
+from nanoaha.atomic_files import write_json
+from nanoaha.formatting import human_bytes, percent
+from nanoaha.grid.gridfile import GridError
+from nanoaha.grid.plan import eval_json, launches, read_json
+
+SMALLEST_DIFFERENCE = 0.0005  # a same-seed difference that prints as 0.000 is no difference
+
+
+def collect(job, status=None):
+    """One job's numbers: from its evaluation (eval.json), its train_summary.json and its launches. A
+    number that does not exist is None."""
+    result = read_json(eval_json(job.out_dir)) or {}
+    summary = read_json(os.path.join(job.out_dir, "train_summary.json")) or {}
+    complete = bool(summary.get("complete")) and summary.get("max_iters") == job.tcfg.max_iters and bool(result)
+    train_wall = [launch["wall_s"] for launch in launches(job.out_dir) if launch["step"] == "train"]
+    return {
+        "run": job.run, "seed": job.seed, "complete": complete, "status": status or ("ok" if complete else "missing"),
+        "val_loss": result.get("val_loss"), "global_frac": result.get("global_frac"),
+        "flops_ideal": result.get("attention_flop_frac_ideal"),
+        "flops_computed": result.get("attention_flop_frac_computed"),
+        "kv_bytes": result.get("kv_cache_bytes"), "kv_bytes_dense": result.get("kv_cache_bytes_dense"),
+        "per_layer": result.get("global_frac_per_layer"), "per_head": result.get("global_frac_per_head"),
+        "sweep": result.get("threshold_sweep") or [],
+        "tokens_per_s": summary.get("tokens_per_s"),
+        "wall_s": sum(train_wall) if train_wall else summary.get("wall_s"),
+        "val_history": summary.get("val_history") or [],
+    }
+
+
+def spread(values):
+    """(mean, min, max) of the numbers that exist; None when none does."""
+    values = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    if not values:
+        return None
+    return sum(values) / len(values), min(values), max(values)
+
+
+def gap_recovery(loss, local, dense):
+    """(loss_local - loss) / (loss_local - loss_dense): 0 at local, 1 at dense. None unless dense beats local."""
+    if loss is None or local is None or dense is None or not dense < local:
+        return None
+    return (local - loss) / (local - dense)
+
+
+@dataclasses.dataclass
+class Row:
+    """One run of the grid with its per-seed results (collect's dicts)."""
+    run: str
+    kind: str             # 'fixed' | 'random' | 'routed'
+    layers: str
+    seeds: list
+    results: list
+
+    def stat(self, key):
+        return spread([r[key] for r in self.results if r["complete"]])
+
+    def mean(self, key):
+        """stat's mean; None where no complete seed has the number."""
+        stat = self.stat(key)
+        return None if stat is None else stat[0]
+
+    def losses(self):
+        """{seed: val loss} of the seeds that completed."""
+        return {r["seed"]: r["val_loss"] for r in self.results if r["complete"] and r["val_loss"] is not None}
+
+    @property
+    def complete(self):
+        return all(r["complete"] for r in self.results)
+
+
+def rows_of(jobs, status=None):
+    rows = {}
+    for job in jobs:
+        row = rows.setdefault(job.run, Row(job.run, job.kind, job.mcfg.layer_letters, [], []))
+        row.seeds.append(job.seed)
+        row.results.append(collect(job, (status or {}).get(job.key)))
+    return list(rows.values())
+
+
+def best_fixed(rows, references=None):
+    """The fixed-schedule row (no routed layer) with the lowest val loss, compared at equal seeds: by the mean
+    same-seed difference to the local reference where it has results (a row with a third seed would otherwise
+    be ranked on another set of seeds), else by the mean. None if no fixed row has a loss."""
+    fixed = [row for row in rows if row.kind == "fixed" and row.stat("val_loss")]
+    anchor = {row.run: row for row in rows}.get((references or {}).get("local"))
+    versus_anchor = {row.run: spread(paired_differences(row, anchor)) for row in fixed} if anchor else {}
+    if versus_anchor and all(versus_anchor.values()):
+        return min(fixed, key=lambda row: versus_anchor[row.run][0])
+    return min(fixed, key=lambda row: row.stat("val_loss")[0]) if fixed else None
+
+
+def fmt_loss(s):
+    return "missing" if s is None else f"{s[0]:.3f}" + (f" [{s[1]:.3f}-{s[2]:.3f}]" if s[2] > s[1] else "")
+
+
+def common_seed_means(rows):
+    """Each row's mean val loss over the seeds that every one of them completed; None without a common seed."""
+    losses = [row.losses() for row in rows]
+    seeds = set.intersection(*map(set, losses))
+    if not seeds:
+        return None
+    return [sum(by_seed[s] for s in seeds) / len(seeds) for by_seed in losses]
+
+
+def dense_beats_local(local_row, dense_row):
+    """Whether dense's val loss is below local's, on the mean over the seeds both completed (None: no reference
+    or no common seed)."""
+    means = common_seed_means([local_row, dense_row]) if local_row and dense_row else None
+    return None if means is None else means[1] < means[0]
+
+
+def gap_text(row, local_row, dense_row):
+    """The gap-recovery cell, at equal seeds: where dense beats local, (loss_local - loss) / (loss_local -
+    loss_dense) on the means over the seeds the run shares with both; where local beats dense, whether the run
+    beats both on every seed (or is worse than local on every seed, or ties)."""
+    if row.stat("val_loss") is None:
+        return "missing"
+    beats = dense_beats_local(local_row, dense_row)
+    if beats is None:
+        return "no reference"
+    if beats:
+        means = common_seed_means([row, local_row, dense_row])
+        if means is None:
+            return "no common seed"
+        return percent(gap_recovery(means[0], means[1], means[2]), 0)
+    if row.run in (local_row.run, dense_row.run):
+        return "reference"
+    diffs = [paired_differences(row, ref) for ref in (local_row, dense_row)]
+    if not all(diffs):
+        return "no common seed"
+    verdicts = [paired_verdict(d, min_seeds=1) for d in diffs]
+    text = "beats both" if verdicts == ["better", "better"] else \
+        "does not beat both" if verdicts[0] == "worse" else "ties the better reference"
+    return text + (" (1 seed)" if min(map(len, diffs)) < 2 else "")
+
+
+def versus_best_fixed(row, best):
+    """The same-seed difference to the best fixed schedule (paired_text)."""
+    if best is None:
+        return "no fixed schedule"
+    if row.run == best.run:
+        return "best fixed"
+    return paired_text(row, best)
+
+
+def paired_by_seed(row, ref):
+    """{seed: val loss minus ref's at that seed} (same backbone init, same data order), for each seed both
+    completed. At equal init a seed's difference varies far less than either row's loss does over seeds."""
+    ref_loss = ref.losses()
+    return {seed: loss - ref_loss[seed] for seed, loss in row.losses().items() if seed in ref_loss}
+
+
+def paired_differences(row, ref):
+    """paired_by_seed's differences, in seed order of row's results."""
+    return list(paired_by_seed(row, ref).values())
+
+
+
+def paired_verdict(diffs, min_seeds=2):
+    """'better' ('worse') where min_seeds or more same-seed differences all have that sign (each at least
+    SMALLEST_DIFFERENCE), else 'tie'; None with fewer than min_seeds."""
+    if len(diffs) < min_seeds:
+        return None
+    return "better" if max(diffs) <= -SMALLEST_DIFFERENCE else "worse" if min(diffs) >= SMALLEST_DIFFERENCE \
+        else "tie"
+
+
+def paired_text(row, ref):
+    """The same-seed cell: mean [min, max] of the differences, and 'better (worse) on every seed' where two or
+    more all have one sign, else 'tie'."""
+    if ref is None:
+        return "no reference"
+    if row.run == ref.run:
+        return "reference"
+    diffs = paired_differences(row, ref)
+    if not diffs:
+        return "missing"
+    mean, low, high = spread(diffs)
+    verdict = paired_verdict(diffs)
+    if verdict is None:
+        return f"{mean:+.3f} (1 seed)"
+    return f"{mean:+.3f} [{low:+.3f}, {high:+.3f}] " + (verdict if verdict == "tie" else f"{verdict} on every seed")
+
+
+def seeds_text(row):
+    done = [r["seed"] for r in row.results if r["complete"]]
+    if len(done) == len(row.results):
+        return str(len(done))
+    missing = [f"seed {r['seed']} {r['status'] if r['status'] != 'ok' else 'missing'}" for r in row.results
+               if not r["complete"]]
+    return f"{len(done)} of {len(row.results)} ({'; '.join(missing)})"
+
+
+def results_table(rows, references):
+    """table.md: one line per run (mean and [min-max] over its seeds), then what the columns mean. Every
+    comparison between rows is made at equal seeds (a row with a third seed is not compared on it)."""
+    by_name = {row.run: row for row in rows}
+    local_row, dense_row = (by_name.get(references.get(role)) for role in ("local", "dense"))
+    best = best_fixed(rows, references)
+    beats = dense_beats_local(local_row, dense_row)
+    gap_header = "vs local and dense" if beats is False else "gap recovery"
+    lines = [f"| run | layers | seeds | val loss mean [min-max] | global fraction | attention FLOPs ideal | "
+             f"computed | KV bytes | training tokens/s | wall time | {gap_header} | vs best fixed, same seed | "
+             f"vs {references.get('local', 'local')}, same seed | vs {references.get('dense', 'dense')}, same seed |",
+             "|" + "---|" * 14]
+    for row in rows:
+        kv, kv_dense = row.mean("kv_bytes"), row.mean("kv_bytes_dense")
+        kv_text = "missing" if kv is None else human_bytes(kv) + (f" ({percent(kv / kv_dense, 0)})" if kv_dense else "")
+        tok, wall = row.mean("tokens_per_s"), row.mean("wall_s")
+        lines.append(" | ".join([
+            f"| {row.run}", row.layers, seeds_text(row), fmt_loss(row.stat("val_loss")),
+            percent(row.mean("global_frac"), 1, missing="-" if row.kind == "fixed" else "missing"),
+            percent(row.mean("flops_ideal"), 0, "missing"), percent(row.mean("flops_computed"), 0, "missing"), kv_text,
+            "missing" if tok is None else f"{tok:,.0f}", "missing" if wall is None else f"{wall / 60:.1f} min",
+            gap_text(row, local_row, dense_row), versus_best_fixed(row, best), paired_text(row, local_row),
+            paired_text(row, dense_row)]) + " |")
+    seed_counts = {len(row.losses()) for row in rows if row.losses()}
+    notes = ["", "Val loss: the evaluator's fixed validation windows (evaluate.py), mean over the row's seeds with "
+             "[min-max]" + ("; rows ran different numbers of seeds, so compare rows in the same-seed columns, not "
+                            "by these means" if len(seed_counts) > 1 else "") + ". "
+             "Global fraction: routed layers' global decisions. Attention FLOPs and KV-cache bytes: relative to "
+             "an all-dense model of the same shape. Tokens/s: training steps only (the last process of the run); "
+             "wall time: every training process of the run, mean over seeds."]
+    local, dense = references.get("local"), references.get("dense")
+    if beats:
+        noise = f"; {dense} beats {local} on some seeds only, so these percentages are noise (the gap is a tie)" \
+            if paired_verdict(paired_differences(dense_row, local_row)) != "better" else ""
+        notes.append(f"Gap recovery: (loss_{local} - loss) / (loss_{local} - loss_{dense}), on the means over the "
+                     f"seeds the run shares with both: 0% is {local}, 100% is {dense}{noise}.")
+    elif beats is False:
+        notes.append(f"{local} beats {dense}, so no gap to recover: the column says whether the run beats both "
+                     f"on every seed they share, is worse than {local} on every seed, or ties.")
+    else:
+        notes.append("No local and dense reference rows with results at a common seed: no gap recovery.")
+    if best:
+        notes.append(f"Best fixed: {best.run}, the schedule without routed layers with the lowest val loss at "
+                     f"equal seeds (the mean same-seed difference to {local})." if local_row else
+                     f"Best fixed: {best.run}, the schedule without routed layers with the lowest mean val loss.")
+    notes.append("Same seed: val loss minus the reference's at each seed both ran (a seed fixes the backbone init "
+                 "and the data order for every row), mean [min, max] over those seeds; better or worse only where "
+                 f"every seed differs in the same direction by {SMALLEST_DIFFERENCE:g} or more (prints as "
+                 f"{SMALLEST_DIFFERENCE:.3f} or more), else a tie.")
+    incomplete = [row.run for row in rows if not row.complete]
+    if incomplete:
+        notes.append(f"**Incomplete**: {', '.join(incomplete)} (a seed failed or has not run); their numbers are over "
+                     f"the seeds that finished, 'missing' where none did.")
+    return "\n".join(lines + notes) + "\n"
+
+
+def comparison_cell(by_name, run, other, absent):
+    """run's val loss minus other's at the same seed (paired_text); absent where the grid lacks either."""
+    return paired_text(by_name[run], by_name[other]) if run in by_name and other in by_name else absent
+
+
+def comparisons_table(rows, comparisons):
+    """The comparisons table: per question, the first run's val loss minus the other's at the same seed.
+    '' without comparisons."""
+    if not comparisons:
+        return ""
+    by_name = {row.run: row for row in rows}
+    lines = ["| question | runs | val loss difference, same seed |", "|---|---|---|"]
+    for question, (run, other) in comparisons.items():
+        lines.append(f"| {question} | {run} - {other} | {comparison_cell(by_name, run, other, 'missing')} |")
+    return "\n".join(lines) + "\n"
+
+
+def record_table(rows, references, comparisons):
+    """A record's table.md: results_table, then the grid's comparisons table where it asks any."""
+    table = results_table(rows, references)
+    if comparisons:
+        table += "\nComparisons (the grid file's): val loss of the first run minus the other's at the same seed.\n\n" \
+            + comparisons_table(rows, comparisons)
+    return table
+
+
+def save_rows(path, grid, rows):
+    """rows.json of a record: the grid's name, references and comparisons and every row with its per-seed
+    results, so that tables and plots can be drawn again from the record alone (load_rows)."""
+    write_json(path, {"grid": grid.name, "references": grid.references,
+                      "comparisons": {q: list(pair) for q, pair in grid.comparisons.items()},
+                      "rows": [dataclasses.asdict(r) for r in rows]})
+
+
+def load_rows(record):
+    """(grid name, references, rows, comparisons) from a record folder that compare.py wrote. Records written
+    before grids had comparisons (results/2026-12-01_stdlib_bytes, 2026-12-02_stdlib_bpe, which the README's
+    summary reads) have no "comparisons": none."""
+    path = os.path.join(record, "rows.json")
+    saved = read_json(path) if os.path.isdir(record) else None
+    if not saved:
+        raise GridError(f"{path} not found or not JSON: name a record folder that compare.py wrote "
+                        f"(results/<date>_<grid>)")
+    try:
+        return (saved["grid"], saved["references"], [Row(**row) for row in saved["rows"]],
+                {q: tuple(pair) for q, pair in saved.get("comparisons", {}).items()})
+    except (KeyError, TypeError, ValueError) as e:
+        raise GridError(f"{path} is not a rows.json that compare.py wrote ({type(e).__name__}: {e})") from None
+
+
+def summary_comparisons(grids):
+    """The comparisons of several grids in one table, a column per grid: every grid's questions, each answered
+    by every grid that has both its runs, whether or not it asks that question itself ('-' where it lacks
+    them). grids: [(title, rows, comparisons)]."""
+    questions = list(dict.fromkeys((q, pair) for _, _, comparisons in grids for q, pair in comparisons.items()))
+    if not questions:
+        return ""
+    lines = ["| question | runs | " + " | ".join(f"{title}: same seed" for title, _, _ in grids) + " |",
+             "|" + "---|" * (2 + len(grids))]
+    by_grid = [{row.run: row for row in rows} for _, rows, _ in grids]
+    for question, (run, other) in questions:
+        cells = [comparison_cell(by_name, run, other, "-") for by_name in by_grid]
+        lines.append(f"| {question} | {run} - {other} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def summary_table(grids):
+    """One table over several grids with the same runs: per run, for each grid, the val loss (mean [min-max]),
+    the routed global fraction, the ideal attention FLOPs vs dense, and the same-seed differences to the grid's
+    best fixed schedule and to local. grids: [(title, rows, references)]."""
+    names, layers = [], {}
+    for _, rows, _ in grids:
+        for row in rows:
+            if row.run not in layers:
+                names.append(row.run)
+                layers[row.run] = row.layers
+    header = ["run", "layers"] + [f"{title}: {column}" for title, _, _ in grids
+                                  for column in ("val loss", "global", "attn FLOPs", "vs best fixed, same seed",
+                                                 "vs local, same seed")]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    by_grid = []
+    for _, rows, references in grids:
+        by_name = {row.run: row for row in rows}
+        by_grid.append((by_name, best_fixed(rows, references), by_name.get(references.get("local"))))
+    for name in names:
+        cells = [name, layers[name]]
+        for by_name, best, local_row in by_grid:
+            row = by_name.get(name)
+            if row is None:
+                cells += ["-"] * 5
+                continue
+            cells += [fmt_loss(row.stat("val_loss")), percent(row.mean("global_frac"), 1),
+                      percent(row.mean("flops_ideal"), 0, "missing"), versus_best_fixed(row, best),
+                      paired_text(row, local_row)]
+        lines.append("| " + " | ".join(cells) + " |")
+    notes = ["", "Val loss on each grid's fixed validation windows, mean over the row's seeds with [min-max]; global: "
+             "the routed layers' global decisions; attention FLOPs: ideal, vs an all-dense model of the same shape; "
+             "same seed: val loss minus the reference's at each seed both ran, mean [min, max], better or worse "
+             f"only where every seed differs in the same direction by {SMALLEST_DIFFERENCE:g} or more, else a tie. "
+             "Best fixed: the schedule without routed layers with the lowest mean same-seed difference to local."]
+    for (title, rows, _), (_, best, _) in zip(grids, by_grid):
+        if best:
+            notes.append(f"{title}: best fixed schedule {best.run} ({fmt_loss(best.stat('val_loss'))}).")
+    return "\n".join(lines + notes) + "\n"
+
+
+def summary_record_table(grids):
+    """A summary's table.md: summary_table, then summary_comparisons where any grid asks a question.
+    grids: [(title, rows, references, comparisons)]."""
+    table = summary_table([(title, rows, references) for title, rows, references, _ in grids])
+    compared = summary_comparisons([(title, rows, comparisons) for title, rows, _, comparisons in grids])
+    return table + ("\n" + compared if compared else "")
