@@ -55,7 +55,10 @@ def one_run(corpus, out_dir, nproc, max_iters, extra, timeout):
     except subprocess.TimeoutExpired:
         return None, time.perf_counter() - start, f"ran past {timeout} s"
     complete = os.path.exists(os.path.join(out_dir, "ckpt.pt"))
-    last = (done.stderr.strip().splitlines() or [""])[-1]
+    lines = done.stderr.strip().splitlines()
+    # torchrun ends with a summary table: the rank's own lines say what happened (an abort, a signal, an error)
+    told = [line.strip() for line in lines if any(k in line for k in ("terminate", "exitcode", "Error", "error:"))]
+    last = "; ".join(told[:3]) or (lines or [""])[-1]
     note = "" if done.returncode == 0 and complete else (last if complete else f"no checkpoint; {last}")
     return done.returncode, time.perf_counter() - start, note
 
