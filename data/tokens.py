@@ -1,8 +1,14 @@
 """Token files shared by every corpus and task: <dir>/<split>.bin (a flat array of token ids, each document
 followed by the end-of-text token), optional per-token arrays <dir>/<split>.<name>.bin aligned with it, and
-<dir>/meta.json describing them. Also the encodings that turn text into token ids."""
+<dir>/meta.json describing them. Also the encodings that turn text into token ids.
+
+A preparer writes a corpus through replacing_corpus(): the new files are built in a staging folder inside the
+corpus folder and renamed into place only when all are complete, meta.json last, so a failed or interrupted
+preparation leaves the previous corpus whole."""
+import contextlib
 import json
 import os
+import shutil
 
 import numpy as np
 
@@ -73,6 +79,88 @@ def read_meta(data_dir):
             return json.load(f)
         except json.JSONDecodeError as e:
             raise ValueError(f"{path} is corrupt ({e}); run the corpus's prepare.py again") from None
+
+
+# ---------------------------------------------------------------------------------------- replacing a corpus
+
+class Interrupted(KeyboardInterrupt):
+    """A termination signal (SIGTERM), raised where Ctrl-C raises KeyboardInterrupt."""
+
+
+def _corpus_files(meta):
+    """The files of the corpus meta describes, meta.json last."""
+    names = [f"{split}.{array}.bin" for split in ("train", "val") for array in meta.get("token_arrays", {})]
+    return ["train.bin", "val.bin", *names, "meta.json"]
+
+
+def _with_note(error, note):
+    """error with note appended to its message, of its own type where that takes a message alone."""
+    if isinstance(error, KeyboardInterrupt):
+        return type(error)(f"interrupted{f' ({error})' if str(error) else ''}; {note}")
+    for kind in (ValueError, OSError, ImportError):
+        if isinstance(error, kind):
+            try:
+                return type(error)(f"{error}; {note}")
+            except Exception:
+                return kind(f"{error}; {note}")
+    return None
+
+
+def _pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+STAGING = ".preparing."  # + the preparer's pid: the staging folder inside the corpus folder
+
+
+@contextlib.contextmanager
+def replacing_corpus(out_dir):
+    """Yields a staging folder inside out_dir, where the preparer writes the whole new corpus (token files,
+    arrays, meta.json). When the block completes, every file is renamed into out_dir, meta.json last, and the
+    previous corpus's files that the new one lacks are removed: a reader sees the old meta.json until every new
+    token file is in place. An error or an interrupt removes the staging folder and leaves the previous corpus
+    whole; the error raised says so. (Renames within one folder are atomic; the swap of several files is not,
+    but it takes microseconds and meta.json comes last.)"""
+    os.makedirs(out_dir, exist_ok=True)
+    for name in os.listdir(out_dir):  # left by a preparer that was killed (SIGKILL): nothing else removes them
+        pid = name[len(STAGING):]
+        if name.startswith(STAGING) and pid.isdigit() and not _pid_alive(int(pid)):
+            shutil.rmtree(os.path.join(out_dir, name), ignore_errors=True)
+    had_corpus = os.path.exists(os.path.join(out_dir, "meta.json"))
+    staging = os.path.join(out_dir, f"{STAGING}{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    os.mkdir(staging)
+    try:
+        yield staging
+        with open(os.path.join(staging, "meta.json")) as f:
+            meta = json.load(f)
+        new_files = _corpus_files(meta)
+        missing = [name for name in new_files if not os.path.isfile(os.path.join(staging, name))]
+        if missing:
+            raise FileNotFoundError(f"the preparer wrote no {', '.join(missing)}")
+    except BaseException as e:
+        shutil.rmtree(staging, ignore_errors=True)
+        noted = _with_note(e, f"the corpus in {out_dir} is unchanged" if had_corpus else
+                           f"no corpus was written to {out_dir}")
+        if noted is None:
+            raise
+        raise noted.with_traceback(e.__traceback__) from None
+    try:
+        old = read_meta(out_dir) if had_corpus else {}
+    except ValueError:
+        old = {}
+    for name in new_files:
+        os.replace(os.path.join(staging, name), os.path.join(out_dir, name))
+    for name in set(_corpus_files(old)) - set(new_files):  # arrays the new corpus does not have
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(out_dir, name))
+    shutil.rmtree(staging, ignore_errors=True)
 
 
 def load_tiktoken(name):

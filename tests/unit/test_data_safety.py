@@ -1,0 +1,99 @@
+"""Nothing a preparer writes destroys what another wrote: a failed or interrupted re-preparation leaves the
+previous corpus whole."""
+import os
+
+import pytest
+
+import data.synthetic.prepare as synthetic
+from data.loader import TokenData
+from data.prepare import main as prepare_main
+from data.prepare import prepare
+from data.tokens import STAGING, read_meta
+from helpers import tiny_recall, write_jsonl
+
+
+def snapshot(folder):
+    """{file name: bytes} of every file in folder, hidden ones (a staging folder) included."""
+    return {name: (folder / name).read_bytes() if (folder / name).is_file() else "a folder"
+            for name in sorted(os.listdir(folder))}
+
+
+def texts(n, tag="doc"):
+    return [f"{tag} {i}: " + "some text " * (i % 5 + 1) for i in range(n)]
+
+
+# ------------------------------------------------------------------- a failed re-preparation changes nothing
+
+def test_a_bad_json_line_in_a_reprepare_leaves_the_previous_corpus_whole(tmp_path):
+    source, out = tmp_path / "docs.jsonl", tmp_path / "out"
+    write_jsonl(source, texts(600))
+    prepare_main([str(source), f"--out_dir={out}", "--encoding=bytes", "--num_proc=1"])
+    before = snapshot(out)
+    lines = source.read_text().splitlines(keepends=True)
+    lines[500] = '{"text": "a broken line\n'  # line 501: the first 500 documents are encoded by then
+    source.write_text("".join(lines))
+    with pytest.raises(ValueError) as error:
+        prepare_main([str(source), f"--out_dir={out}", "--encoding=bytes", "--num_proc=1"])
+    message = str(error.value)
+    assert "docs.jsonl:501 is not valid JSON" in message and f"the corpus in {out} is unchanged" in message
+    assert "\n" not in message
+    assert snapshot(out) == before  # meta.json, train.bin, val.bin byte for byte, and no staging folder left
+    data = TokenData(str(out), 16, 256)
+    assert data.meta["train_documents"] + data.meta["val_documents"] == 600
+
+
+def test_an_interrupt_during_a_reprepare_leaves_the_previous_corpus_whole(tmp_path):
+    out = tmp_path / "out"
+    prepare(lambda: iter(texts(50)), str(out), encoding="bytes", val_fraction=0.2, source="s", progress=False)
+    before = snapshot(out)
+
+    def interrupted_source():  # Ctrl-C while the 300th document is read: the token files are half written
+        for i, text in enumerate(texts(1000)):
+            if i == 300:
+                assert any(name.startswith(STAGING) for name in os.listdir(out))
+                raise KeyboardInterrupt
+            yield text
+    with pytest.raises(KeyboardInterrupt, match=f"interrupted; the corpus in {out} is unchanged"):
+        prepare(interrupted_source, str(out), encoding="bytes", val_fraction=0.2, source="s", num_proc=1,
+                progress=False)
+    assert snapshot(out) == before
+    TokenData(str(out), 16, 256)
+
+
+def test_a_failed_task_reprepare_keeps_every_array(tmp_path, monkeypatch):
+    out = tmp_path / "recall"
+    tiny_recall(out)
+    before = snapshot(out)
+    assert len(before) == 9  # meta.json, and per split the tokens, answer, needs_global and loss_mask arrays
+    calls = []
+    labels = synthetic.needs_global
+
+    def failing_labels(*args):
+        calls.append(1)
+        if len(calls) == 420:  # in the val split: the train split's files are complete by then
+            raise ValueError("disk full")
+        return labels(*args)
+    monkeypatch.setattr(synthetic, "needs_global", failing_labels)
+    with pytest.raises(ValueError, match=f"disk full; the corpus in {out} is unchanged"):
+        tiny_recall(out, window=8)
+    assert snapshot(out) == before
+    TokenData(str(out), 32, 256)
+
+
+def test_a_complete_reprepare_replaces_every_file_and_drops_arrays_it_no_longer_has(tmp_path):
+    out = tmp_path / "recall"
+    tiny_recall(out)
+    meta = tiny_recall(out, loss_on="all", n_train=200)  # no loss_mask arrays now
+    assert sorted(os.listdir(out)) == ["meta.json", "train.answer.bin", "train.bin", "train.needs_global.bin",
+                                       "val.answer.bin", "val.bin", "val.needs_global.bin"]
+    assert read_meta(out) == meta and TokenData(str(out), 32, 256).meta["train_examples"] == 200
+
+
+def test_a_staging_folder_of_a_killed_preparer_is_removed(tmp_path):
+    out = tmp_path / "out"
+    prepare(lambda: iter(texts(50)), str(out), encoding="bytes", val_fraction=0.2, progress=False)
+    (out / f"{STAGING}999999999").mkdir()  # no such process
+    (out / f"{STAGING}999999999" / "train.bin.tmp").write_bytes(b"\0" * 100)
+    (out / f"{STAGING}{os.getpid()}x").mkdir()  # not a staging folder's name: kept
+    prepare(lambda: iter(texts(50)), str(out), encoding="bytes", val_fraction=0.2, progress=False)
+    assert sorted(os.listdir(out)) == [f"{STAGING}{os.getpid()}x", "meta.json", "train.bin", "val.bin"]
