@@ -14,6 +14,11 @@ comes, so a corpus larger than memory works.
 A re-run replaces the corpus in --out_dir, but only when the new one is complete: it is built in a staging
 folder inside --out_dir and its files are renamed into place at the end, meta.json last, so a failure (a bad
 input line, a full disk) or an interrupt (Ctrl-C, SIGTERM) leaves the previous corpus whole, and says so.
+
+What a corpus is: meta.json's 'source' (the inputs, or the corpus a preparer names, e.g. "Python 3.12.3
+standard library at ..."), 'encoding' and, for the synthetic tasks, 'task'. Re-preparing the same source and
+encoding (with another --max_tokens, --val_fraction, --seed, ...) replaces the corpus; a folder that holds a
+corpus of another source or encoding is replaced only with --overwrite.
 """
 import argparse
 import contextlib
@@ -33,7 +38,7 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from nanoaha.atomic_files import atomic_write  # noqa: E402
 from nanoaha.configurator import run_main  # noqa: E402
-from data.tokens import (ENCODINGS, Encoder, Interrupted, TokenWriter,  # noqa: E402
+from data.tokens import (ENCODINGS, Encoder, Interrupted, TokenWriter, check_replaceable,  # noqa: E402
                          replacing_corpus, token_path, write_meta)
 
 CHUNK_CHARS = 1 << 20  # characters of text per unit of work for an encoding process
@@ -166,13 +171,15 @@ def encoded_chunks(documents, encoder, num_proc):
 
 
 def prepare(documents, out_dir, encoding="gpt2", val_fraction=0.05, seed=0, source="", num_proc=None,
-            max_tokens=None, progress=True):
+            max_tokens=None, progress=True, overwrite=True):
     """documents: a function returning a fresh iterator of document strings (called twice for the 'char'
     encoding, which first collects the character set). max_tokens: stop after the first document that reaches
     this many tokens in all (0 or None: no limit). Returns the meta dict written to <out_dir>/meta.json.
 
     The corpus is built beside the one out_dir may hold and replaces it only when complete (see
-    data.tokens.replacing_corpus): an error or Ctrl-C leaves the previous corpus whole."""
+    data.tokens.replacing_corpus): an error or Ctrl-C leaves the previous corpus whole. overwrite=False (the
+    command lines' default) refuses to replace a corpus of another source or encoding (see the module
+    docstring)."""
     if not 0 < val_fraction < 1:
         raise ValueError(f"val_fraction={val_fraction} must be between 0 and 1")
     chars = None
@@ -182,6 +189,7 @@ def prepare(documents, out_dir, encoding="gpt2", val_fraction=0.05, seed=0, sour
             seen.update(doc)
         chars = "".join(sorted(seen))
     encoder = Encoder(encoding, chars)
+    check_replaceable(out_dir, {"source": source, "encoding": encoding}, overwrite)
     with replacing_corpus(out_dir) as staging:
         if progress:
             print(f"preparing {out_dir} from {source or 'the input'} ({encoding}); the corpus there is replaced "
@@ -272,11 +280,13 @@ def add_options(parser, encoding="gpt2"):
     parser.add_argument("--num_proc", type=positive_int, default=None,
                         help="encoding processes (default: CPUs, at most 8)")
     parser.add_argument("--max_tokens", type=positive_int, default=None, help="stop after about this many tokens")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace a corpus of another source or encoding that --out_dir holds")
 
 
 def options(args):
     return {"encoding": args.encoding, "val_fraction": args.val_fraction, "seed": args.seed,
-            "num_proc": args.num_proc, "max_tokens": args.max_tokens}
+            "num_proc": args.num_proc, "max_tokens": args.max_tokens, "overwrite": args.overwrite}
 
 
 def run_preparer(main, argv):

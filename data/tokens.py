@@ -83,6 +83,27 @@ def read_meta(data_dir):
 
 # ---------------------------------------------------------------------------------------- replacing a corpus
 
+IDENTITY = ("task", "source", "encoding")  # what a corpus is: a re-preparation may change anything else
+
+
+def describe(meta):
+    what = f"task {meta['task']!r}" if meta.get("task") else repr(meta.get("source") or "unknown input")
+    return f"{what}, encoding {meta.get('encoding')}"
+
+
+def check_replaceable(out_dir, new, overwrite):
+    """Raises unless out_dir holds no corpus, or one with the same identity (meta.json's task, source and
+    encoding) as the meta dict `new`, or overwrite is set."""
+    try:
+        old = read_meta(out_dir)
+    except (OSError, ValueError):  # no corpus there, or one whose meta.json is unreadable: nothing to keep
+        return
+    if overwrite or [old.get(k) for k in IDENTITY] == [new.get(k) for k in IDENTITY]:
+        return
+    raise FileExistsError(f"{out_dir} holds a corpus of {describe(old)}, not of {describe(new)}: pass --overwrite to "
+                          f"replace it, or choose another --out_dir")
+
+
 class Interrupted(KeyboardInterrupt):
     """A termination signal (SIGTERM), raised where Ctrl-C raises KeyboardInterrupt."""
 

@@ -20,7 +20,9 @@ With text_dir, a fraction text_ratio of the examples are plain windows of that c
 task's tokens get ids after the corpus's vocabulary.
 
 A re-run replaces out_dir's files only when the new ones are complete (a failure or Ctrl-C leaves the previous
-task data whole, see data/prepare.py).
+task data whole, see data/prepare.py). What a task corpus is: meta.json's 'task' and 'encoding' ('synthetic', or
+the encoding of the text_dir it mixes in); a re-run may change every other option, but a folder that holds
+another task or encoding (or a text corpus) is replaced only with --overwrite.
 """
 import contextlib
 import dataclasses
@@ -35,8 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from nanoaha.configurator import ConfigError, help_text, parse_args  # noqa: E402
 from data.synthetic.tasks import TASKS, UNKNOWN, needs_global  # noqa: E402
 from data.prepare import run_preparer  # noqa: E402
-from data.tokens import (TokenWriter, read_meta, replacing_corpus, token_dtype, token_path,  # noqa: E402
-                         write_meta)
+from data.tokens import (TokenWriter, check_replaceable, read_meta, replacing_corpus, token_dtype,  # noqa: E402
+                         token_path, write_meta)
 
 ARRAYS = {
     "answer": "1 where the token is an answer the task scores",
@@ -59,6 +61,7 @@ class SyntheticConfig:
     loss_on: str = "answers"  # 'answers': only answer tokens (and mixed-in text) carry loss; 'all': every token
     text_dir: str = ""        # a prepared corpus: the needle task's haystack, and the text mixed in
     text_ratio: float = 0.0   # fraction of examples that are plain text windows (needs text_dir)
+    overwrite: bool = False   # replace a corpus of another task or encoding that out_dir holds
 
 
 def text_windows(text_dir, split, length):
@@ -135,6 +138,7 @@ def generate(cfg, task):
     for split, n_examples in (("train", cfg.n_train), ("val", cfg.n_val)):
         if n_examples < 1:
             raise ValueError(f"n_{split}={n_examples}: need at least one example")
+    check_replaceable(cfg.out_dir, meta, cfg.overwrite)
     with replacing_corpus(cfg.out_dir) as staging:
         for split, n_examples in (("train", cfg.n_train), ("val", cfg.n_val)):
             n_text = write_split(cfg, task, split, n_examples, offset, dtype, staging)

@@ -1,5 +1,5 @@
 """Nothing a preparer writes destroys what another wrote: a failed or interrupted re-preparation leaves the
-previous corpus whole."""
+previous corpus whole, and a corpus of another source is replaced only with --overwrite."""
 import os
 
 import pytest
@@ -97,3 +97,44 @@ def test_a_staging_folder_of_a_killed_preparer_is_removed(tmp_path):
     (out / f"{STAGING}{os.getpid()}x").mkdir()  # not a staging folder's name: kept
     prepare(lambda: iter(texts(50)), str(out), encoding="bytes", val_fraction=0.2, progress=False)
     assert sorted(os.listdir(out)) == [f"{STAGING}{os.getpid()}x", "meta.json", "train.bin", "val.bin"]
+
+
+# ------------------------------------------------------------- a corpus of another source is kept unless told
+
+def test_a_corpus_of_another_source_or_encoding_is_replaced_only_with_overwrite(tmp_path):
+    first, second, out = tmp_path / "first.jsonl", tmp_path / "second.jsonl", tmp_path / "out"
+    write_jsonl(first, texts(100, "first"))
+    write_jsonl(second, texts(100, "second"))
+    prepare_main([str(first), f"--out_dir={out}", "--encoding=bytes", "--num_proc=1"])
+    before = snapshot(out)
+    for argv in ([str(second), "--encoding=bytes"], [str(first), "--encoding=char"]):
+        with pytest.raises(FileExistsError) as error:
+            prepare_main([*argv, f"--out_dir={out}", "--num_proc=1"])
+        assert str(error.value).startswith(f"{out} holds a corpus of '{first}', encoding bytes")
+        assert "pass --overwrite" in str(error.value) and "\n" not in str(error.value)
+        assert snapshot(out) == before
+    # the same source and encoding with other options is how a corpus is re-prepared
+    meta = prepare_main([str(first), f"--out_dir={out}", "--encoding=bytes", "--num_proc=1", "--seed=3",
+                         "--val_fraction=0.3", "--max_tokens=1000"])
+    assert meta["seed"] == 3 and read_meta(out) == meta
+    meta = prepare_main([str(second), f"--out_dir={out}", "--encoding=bytes", "--num_proc=1", "--overwrite"])
+    assert read_meta(out) == meta and meta["source"] == str(second)
+
+
+def test_a_task_folder_is_replaced_by_another_task_or_a_text_corpus_only_with_overwrite(tmp_path):
+    out = tmp_path / "recall"
+    tiny_recall(out)
+    before = snapshot(out)
+    copy = synthetic.SyntheticConfig(task="copy", out_dir=str(out), block_size=32, n_train=20, n_val=4)
+    with pytest.raises(FileExistsError, match=f"{out} holds a corpus of task 'recall', encoding synthetic, not of "
+                                              f"task 'copy'.*--overwrite"):
+        synthetic.generate(copy, synthetic.TASKS["copy"](span_len=4, min_distance=8))
+    source = write_jsonl(tmp_path / "docs.jsonl", texts(50))
+    with pytest.raises(FileExistsError, match="holds a corpus of task 'recall'.*--overwrite"):
+        prepare_main([str(source), f"--out_dir={out}", "--encoding=bytes"])
+    assert snapshot(out) == before
+    tiny_recall(out, window=8, n_train=100)  # the same task with other options
+    config, task = synthetic.parse(["--task=copy", "--block_size=32", "--n_train=20", "--n_val=4", "--span_len=4",
+                                    "--min_distance=8", f"--out_dir={out}", "--overwrite"])
+    assert synthetic.generate(config, task)["task"] == "copy" and read_meta(out)["task"] == "copy"
+    assert "train.loss_mask.bin" in os.listdir(out)
