@@ -72,13 +72,47 @@ def write_meta(out_dir, meta):
 def read_meta(data_dir):
     path = os.path.join(data_dir, "meta.json")
     if not os.path.exists(path):
-        raise FileNotFoundError(f"{path} not found: prepare the corpus first, e.g. "
-                                f"python {os.path.join(data_dir, 'prepare.py')}")
+        raise FileNotFoundError(f"{path} not found: prepare the corpus first, e.g. {prepare_hint(data_dir)}")
     with open(path) as f:
         try:
             return json.load(f)
         except json.JSONDecodeError as e:
-            raise ValueError(f"{path} is corrupt ({e}); run the corpus's prepare.py again") from None
+            raise ValueError(f"{path} is corrupt ({e}); prepare the corpus again, e.g. {prepare_hint(data_dir)}") \
+                from None
+
+
+DATA_DIR = os.path.dirname(os.path.abspath(__file__))  # the repository's data/: the preparers
+
+
+def shown(path):
+    """path as a user can type it here: relative to the working directory when inside it, else absolute."""
+    relative = os.path.relpath(path)
+    return path if relative.startswith("..") else relative
+
+
+def prepare_hint(data_dir, meta=None):
+    """A command that (re)prepares the corpus in data_dir, for error messages; it names only preparers that
+    exist. A synthetic task (meta.json has 'task', or, without meta.json, a folder named after a task and
+    without a prepare.py of its own) is written by data/synthetic/prepare.py; a corpus with its own
+    <data_dir>/prepare.py by that; any other by data/prepare.py from its input files."""
+    from data.synthetic.tasks import TASKS
+    own = os.path.join(data_dir, "prepare.py")
+    out = f"--out_dir={data_dir}"
+    synthetic = shown(os.path.join(DATA_DIR, "synthetic", "prepare.py"))
+    if meta and "task" in meta:
+        options = "".join(f" --{k}={meta[k]}" for k in ("window", "n_sink") if k in meta)
+        if meta.get("example_len"):
+            options = f" --block_size={meta['example_len'] - 1}" + options
+        return f"python {synthetic} --task={meta['task']}{options} {out} (and the task's options)"
+    if os.path.isfile(own):
+        return f"python {own}"
+    name = os.path.basename(os.path.normpath(data_dir))
+    if meta is None and name in TASKS:
+        return f"python {synthetic} --task={name} {out} (and the task's options)"
+    files = f"python {shown(os.path.join(DATA_DIR, 'prepare.py'))} FILES {out}"
+    if meta is not None:
+        return f"{files} (it was prepared from {meta.get('source') or 'unknown input'})"
+    return f"{files} for text, or python {synthetic} --task=TASK {out} for a synthetic task"
 
 
 # ---------------------------------------------------------------------------------------- replacing a corpus

@@ -1,5 +1,6 @@
 """Nothing a preparer writes destroys what another wrote: a failed or interrupted re-preparation leaves the
-previous corpus whole, and a corpus of another source is replaced only with --overwrite."""
+previous corpus whole, a corpus of another source is replaced only with --overwrite, and the missing-data hints
+name commands that exist."""
 import os
 
 import pytest
@@ -8,8 +9,8 @@ import data.synthetic.prepare as synthetic
 from data.loader import TokenData
 from data.prepare import main as prepare_main
 from data.prepare import prepare
-from data.tokens import STAGING, read_meta
-from helpers import tiny_recall, write_jsonl
+from data.tokens import STAGING, prepare_hint, read_meta
+from helpers import ROOT, tiny_recall, write_jsonl
 
 
 def snapshot(folder):
@@ -138,3 +139,36 @@ def test_a_task_folder_is_replaced_by_another_task_or_a_text_corpus_only_with_ov
                                     "--min_distance=8", f"--out_dir={out}", "--overwrite"])
     assert synthetic.generate(config, task)["task"] == "copy" and read_meta(out)["task"] == "copy"
     assert "train.loss_mask.bin" in os.listdir(out)
+
+
+# ------------------------------------------------------------------------- hints name commands that exist
+
+def named_scripts(message):
+    return [word for word in message.split() if word.endswith("prepare.py")]
+
+
+def test_missing_data_hints_name_preparers_that_exist(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)  # the hints name the preparers as a user types them in the repository
+    assert prepare_hint("data/recall") == \
+        "python data/synthetic/prepare.py --task=recall --out_dir=data/recall (and the task's options)"
+    (tmp_path / "own").mkdir()
+    (tmp_path / "own" / "prepare.py").write_text("# a corpus with a preparer of its own")
+    for folder, expected in ((tmp_path / "recall", f"data/synthetic/prepare.py --task=recall --out_dir={tmp_path}"),
+                             (tmp_path / "copy", f"data/synthetic/prepare.py --task=copy --out_dir={tmp_path}"),
+                             (tmp_path / "own", f"python {tmp_path / 'own' / 'prepare.py'}"),
+                             (tmp_path / "mine", f"data/prepare.py FILES --out_dir={tmp_path / 'mine'} for text, or "
+                                                 f"python data/synthetic/prepare.py --task=TASK")):
+        with pytest.raises(FileNotFoundError, match="meta.json not found") as error:
+            read_meta(str(folder))
+        assert expected in str(error.value)
+        scripts = named_scripts(str(error.value))
+        assert scripts and all(os.path.isfile(script) for script in scripts), str(error.value)
+    # a task folder whose meta.json is there but whose arrays are not: the task's own command, with its sizes
+    tiny_recall(tmp_path / "recall")
+    (tmp_path / "recall" / "val.needs_global.bin").unlink()
+    with pytest.raises(ValueError, match="val.needs_global.bin should hold") as error:
+        TokenData(str(tmp_path / "recall"), 32, 256)
+    assert f"data/synthetic/prepare.py --task=recall --block_size=32 --window=4 --n_sink=0 " \
+           f"--out_dir={tmp_path / 'recall'}" in str(error.value)
+    assert all(os.path.isfile(script) for script in named_scripts(str(error.value)))
+    assert prepare_hint("data/mine", {"source": "books/", "encoding": "gpt2"}).endswith("(it was prepared from books/)")
