@@ -1,16 +1,21 @@
 """Nothing a preparer writes destroys what another wrote: a failed or interrupted re-preparation leaves the
-previous corpus whole, a corpus of another source is replaced only with --overwrite, and the missing-data hints
-name commands that exist."""
+previous corpus whole, a corpus of another source is replaced only with --overwrite, the missing-data hints name
+commands that exist, and init_from='gpt2' checks the model's sizes and the network before any long wait."""
 import os
+import time
+import urllib.error
+import urllib.request
 
 import pytest
 
 import data.synthetic.prepare as synthetic
+import nanoaha.gpt2_weights as gpt2_weights
 from data.loader import TokenData
 from data.prepare import main as prepare_main
 from data.prepare import prepare
 from data.tokens import STAGING, prepare_hint, read_meta
-from helpers import ROOT, tiny_recall, write_jsonl
+from helpers import GPT2_KEYS, ROOT, tiny_recall, write_jsonl
+from model import GPTConfig
 
 
 def snapshot(folder):
@@ -172,3 +177,60 @@ def test_missing_data_hints_name_preparers_that_exist(tmp_path, monkeypatch):
            f"--out_dir={tmp_path / 'recall'}" in str(error.value)
     assert all(os.path.isfile(script) for script in named_scripts(str(error.value)))
     assert prepare_hint("data/mine", {"source": "books/", "encoding": "gpt2"}).endswith("(it was prepared from books/)")
+
+
+# --------------------------------------------------------------------------- init_from='gpt2', offline first
+
+@pytest.fixture
+def no_hub(monkeypatch, tmp_path):
+    """No network and an empty Hugging Face cache; loading weights fails the test."""
+    transformers = pytest.importorskip("transformers")
+    import huggingface_hub.constants
+
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("no network in this test")
+
+    def no_loading(*args, **kwargs):
+        pytest.fail("weights were loaded", pytrace=False)
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
+    monkeypatch.setattr(transformers.GPT2LMHeadModel, "from_pretrained", no_loading)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf_cache"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+
+
+def gpt2_config(**overrides):
+    return GPTConfig(**{"vocab_size": 50257, "block_size": 64, "n_layer": 12, "n_head": 12, "n_embd": 768,
+                        "window": 16, **GPT2_KEYS, **overrides})
+
+
+def test_gpt2_sizes_are_checked_before_any_download(no_hub):
+    with pytest.raises(ValueError, match=r"init_from='gpt2' needs --n_layer=12 --n_head=12 --n_embd=768 "
+                                         r"--vocab_size=50257 \(this config has n_layer=2"):
+        gpt2_weights.gpt2_state_dict("gpt2", GPTConfig(n_layer=2, n_head=2, n_embd=32, bias=True,
+                                                       position_embedding="learned", gelu_approximate="tanh"))
+    with pytest.raises(ValueError, match="init_from='gpt2-medium' needs --n_layer=24 --n_head=16 --n_embd=1024"):
+        gpt2_weights.gpt2_state_dict("gpt2-medium", gpt2_config())
+    with pytest.raises(ValueError, match="block_size=2048 is longer than GPT-2's 1024"):
+        gpt2_weights.gpt2_state_dict("gpt2-xl", gpt2_config(n_layer=48, n_head=25, n_embd=1600, block_size=2048))
+
+
+def test_a_saved_gpt2s_sizes_are_checked_before_its_weights_load(no_hub, tiny_gpt2):
+    _, init_from = tiny_gpt2
+    with pytest.raises(ValueError, match="needs --n_layer=2 --n_head=2 --n_embd=32 --vocab_size=256"):
+        gpt2_weights.gpt2_state_dict(init_from, gpt2_config())
+
+
+@pytest.mark.parametrize("offline_flag", [False, True])
+def test_gpt2_offline_and_not_cached_is_one_line_at_once(no_hub, monkeypatch, offline_flag):
+    import huggingface_hub.constants
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", offline_flag)
+    start = time.monotonic()
+    with pytest.raises(ValueError) as error:
+        gpt2_weights.gpt2_state_dict("gpt2", gpt2_config())
+    assert time.monotonic() - start < 2
+    message = str(error.value)
+    assert message.startswith("cannot load GPT-2 weights 'gpt2': not in the Hugging Face cache, and ")
+    assert ("HF_HUB_OFFLINE is set" if offline_flag else "is unreachable: no network in this test") in message
+    assert "connect to the internet once" in message and "--init_from=hf:PATH" in message and "\n" not in message
+    with pytest.raises(ValueError, match=r"'nowhere/gpt2': no folder nowhere/gpt2 here, not in the Hugging Face cache"):
+        gpt2_weights.gpt2_state_dict("hf:nowhere/gpt2", gpt2_config())
