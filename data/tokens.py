@@ -9,6 +9,8 @@ import contextlib
 import json
 import os
 import shutil
+import signal
+import threading
 
 import numpy as np
 
@@ -181,7 +183,7 @@ def replacing_corpus(out_dir):
     previous corpus's files that the new one lacks are removed: a reader sees the old meta.json until every new
     token file is in place. An error or an interrupt removes the staging folder and leaves the previous corpus
     whole; the error raised says so. (Renames within one folder are atomic; the swap of several files is not,
-    but it takes microseconds and meta.json comes last.)"""
+    but it takes microseconds, meta.json comes last, and a Ctrl-C or SIGTERM is handled only after it.)"""
     os.makedirs(out_dir, exist_ok=True)
     for name in os.listdir(out_dir):  # left by a preparer that was killed (SIGKILL): nothing else removes them
         pid = name[len(STAGING):]
@@ -210,12 +212,36 @@ def replacing_corpus(out_dir):
         old = read_meta(out_dir) if had_corpus else {}
     except ValueError:
         old = {}
-    for name in new_files:
-        os.replace(os.path.join(staging, name), os.path.join(out_dir, name))
-    for name in set(_corpus_files(old)) - set(new_files):  # arrays the new corpus does not have
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(os.path.join(out_dir, name))
-    shutil.rmtree(staging, ignore_errors=True)
+    with signals_held():  # a Ctrl-C or SIGTERM now waits until every file is in place: no half-swapped corpus
+        for name in new_files:
+            os.replace(os.path.join(staging, name), os.path.join(out_dir, name))
+        for name in set(_corpus_files(old)) - set(new_files):  # arrays the new corpus does not have
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(out_dir, name))
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def signals_held(signals=(signal.SIGINT, signal.SIGTERM)):
+    """Handles these signals only when the block ends: their handlers (which raise, or end the process) are
+    replaced by ones that only take note, and the first noted signal is handled on the way out. (Blocking them
+    with pthread_sigmask would not do: another thread, tqdm's monitor for one, would take them.)"""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        yield
+        return
+    received = []
+    previous = {signum: signal.signal(signum, lambda signum, frame: received.append((signum, frame)))
+                for signum in signals}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for signum, frame in received[:1]:
+            if callable(previous[signum]):
+                previous[signum](signum, frame)
+            elif previous[signum] == signal.SIG_DFL:
+                os.kill(os.getpid(), signum)
 
 
 def load_tiktoken(name):

@@ -2,6 +2,7 @@
 previous corpus whole, a corpus of another source is replaced only with --overwrite, the missing-data hints name
 commands that exist, and init_from='gpt2' checks the model's sizes and the network before any long wait."""
 import os
+import signal
 import time
 import urllib.error
 import urllib.request
@@ -13,7 +14,7 @@ import nanoaha.gpt2_weights as gpt2_weights
 from data.loader import TokenData
 from data.prepare import main as prepare_main
 from data.prepare import prepare
-from data.tokens import STAGING, prepare_hint, read_meta
+from data.tokens import STAGING, Interrupted, prepare_hint, read_meta
 from helpers import GPT2_KEYS, ROOT, tiny_recall, write_jsonl
 from model import GPTConfig
 
@@ -63,6 +64,33 @@ def test_an_interrupt_during_a_reprepare_leaves_the_previous_corpus_whole(tmp_pa
         prepare(interrupted_source, str(out), encoding="bytes", val_fraction=0.2, source="s", num_proc=1,
                 progress=False)
     assert snapshot(out) == before
+    TokenData(str(out), 16, 256)
+
+
+def test_a_signal_during_the_swap_is_handled_after_it(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    prepare(lambda: iter(texts(50, "old")), str(out), encoding="bytes", val_fraction=0.2, progress=False)
+    replace, swapped = os.replace, []
+
+    def replace_and_signal(src, dst):  # SIGTERM arrives as the first file is swapped in
+        if os.path.dirname(dst) == str(out):
+            if not swapped:
+                os.kill(os.getpid(), signal.SIGTERM)
+            swapped.append(os.path.basename(dst))
+        replace(src, dst)
+
+    def terminate(signum, frame):
+        raise Interrupted("SIGTERM")
+    monkeypatch.setattr(os, "replace", replace_and_signal)
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        with pytest.raises(Interrupted):
+            prepare(lambda: iter(texts(50, "new")), str(out), encoding="bytes", val_fraction=0.2, progress=False)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert swapped == ["train.bin", "val.bin", "meta.json"]  # the whole new corpus, then the signal
+    assert sorted(os.listdir(out)) == ["meta.json", "train.bin", "val.bin"]
+    assert (out / "train.bin").read_bytes().startswith("new".encode("utf-16-le"))
     TokenData(str(out), 16, 256)
 
 
