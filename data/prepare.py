@@ -160,7 +160,8 @@ def encoded_chunks(documents, encoder, num_proc):
         for chunk in itertools.chain(head, chunks):
             yield [encoder.encode(doc) for doc in chunk]
         return
-    with multiprocessing.Pool(num_proc, _start_worker, (encoder.name, encoder.chars)) as pool:
+    pool = multiprocessing.Pool(num_proc, _start_worker, (encoder.name, encoder.chars))
+    try:
         pending = deque()
         for chunk in itertools.chain(head, chunks):
             pending.append(pool.apply_async(_encode_chunk, (chunk,)))
@@ -168,6 +169,17 @@ def encoded_chunks(documents, encoder, num_proc):
                 yield pending.popleft().get()
         while pending:
             yield pending.popleft().get()
+    finally:  # also on an error, Ctrl-C, SIGTERM or max_tokens reached (GeneratorExit)
+        # not Pool.terminate(): it kills workers wherever they are, and one killed while sending a result holds
+        # the result queue's lock for ever, so the pool hangs joining its threads (1 interrupt in 2 did). The
+        # chunks in flight (at most 2 * num_proc) finish instead, and the workers exit; a second interrupt
+        # while they do terminates them.
+        pool.close()
+        try:
+            pool.join()
+        except BaseException:
+            pool.terminate()
+            raise
 
 
 def prepare(documents, out_dir, encoding="gpt2", val_fraction=0.05, seed=0, source="", num_proc=None,
