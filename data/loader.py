@@ -16,7 +16,7 @@ import os
 import numpy as np
 import torch
 
-from data.tokens import read_meta, token_path
+from data.tokens import prepare_hint, read_meta, token_path
 
 
 class TokenData:
@@ -42,30 +42,35 @@ class TokenData:
             if example_len:
                 if n % example_len:
                     raise ValueError(f"{token_path(data_dir, split)} holds {n:,} tokens, not a whole number of "
-                                     f"examples of {example_len}: run the task's prepare.py again")
+                                     f"examples of {example_len}: prepare it again, e.g. {self.hint()}")
                 self.starts[split] = np.arange(0, n, example_len)
             elif doc_aligned_windows:
                 self.starts[split] = self.document_starts(split)
             else:
                 self.starts[split] = None  # every position up to n - block_size - 1
 
+    def hint(self):
+        """The command that prepares this corpus again (for error messages)."""
+        return prepare_hint(self.data_dir, self.meta)
+
     def check_files(self, split):
         """Checks the token file and its arrays against meta.json; returns the number of tokens."""
         path = token_path(self.data_dir, split)
         if not os.path.exists(path) or os.path.getsize(path) == 0:
-            raise FileNotFoundError(f"{path} is missing or empty: run the corpus's prepare.py again")
+            raise FileNotFoundError(f"{path} is missing or empty: prepare the corpus again, e.g. "
+                                    f"{self.hint()}")
         size = os.path.getsize(path)
         expected = self.meta.get(f"{split}_tokens")
         if size % self.dtype.itemsize or (expected is not None and size != expected * self.dtype.itemsize):
             said = f"{expected:,} {self.dtype} tokens" if expected is not None else f"{self.dtype} tokens"
             raise ValueError(f"{path} has {size:,} bytes but meta.json says {said}: the file is corrupt or meta.json "
-                             f"names the wrong dtype; run the corpus's prepare.py again")
+                             f"names the wrong dtype; prepare it again, e.g. {self.hint()}")
         n = size // self.dtype.itemsize
         for name in self.arrays:
             array_path = token_path(self.data_dir, split, name)
             if not os.path.exists(array_path) or os.path.getsize(array_path) != n:
                 raise ValueError(f"{array_path} should hold one uint8 per token ({n:,} bytes) but is missing or "
-                                 f"of another size; run the task's prepare.py again")
+                                 f"of another size; prepare it again, e.g. {self.hint()}")
         return n
 
     def document_starts(self, split):
@@ -96,7 +101,7 @@ class TokenData:
         top = max(int(x.max()), int(y.max()))
         if top >= self.meta["vocab_size"]:
             raise ValueError(f"{token_path(self.data_dir, split)} holds token id {top} but meta.json says "
-                             f"vocab_size {self.meta['vocab_size']}: run the corpus's prepare.py again")
+                             f"vocab_size {self.meta['vocab_size']}: prepare it again, e.g. {self.hint()}")
         if "loss_mask" in self.arrays:
             y[self.token_array(split, "loss_mask", starts) == 0] = -1
         return x, y

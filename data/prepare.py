@@ -9,7 +9,16 @@ A text file is one document, or several when --doc_separator is given. Every doc
 probability --val_fraction, drawn from a generator seeded with --seed, so the split is by document and the same
 for the same inputs and seed. Each document is followed by the encoding's end-of-text token. Input is streamed:
 it is read in chunks, encoded by --num_proc worker processes when it is larger than one chunk, and written as it
-comes, so a corpus larger than memory works. A re-run replaces the output.
+comes, so a corpus larger than memory works.
+
+A re-run replaces the corpus in --out_dir, but only when the new one is complete: it is built in a staging
+folder inside --out_dir and its files are renamed into place at the end, meta.json last, so a failure (a bad
+input line, a full disk) or an interrupt (Ctrl-C, SIGTERM) leaves the previous corpus whole, and says so.
+
+What a corpus is: meta.json's 'source' (the inputs, or the corpus a preparer names, e.g. "Python 3.12.3
+standard library at ..."), 'encoding' and, for the synthetic tasks, 'task'. Re-preparing the same source and
+encoding (with another --max_tokens, --val_fraction, --seed, ...) replaces the corpus; a folder that holds a
+corpus of another source or encoding is replaced only with --overwrite.
 """
 import argparse
 import contextlib
@@ -29,7 +38,8 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from nanoaha.atomic_files import atomic_write  # noqa: E402
 from nanoaha.configurator import run_main  # noqa: E402
-from data.tokens import ENCODINGS, Encoder, TokenWriter, token_path, write_meta  # noqa: E402
+from data.tokens import (ENCODINGS, Encoder, Interrupted, TokenWriter, check_replaceable,  # noqa: E402
+                         replacing_corpus, token_path, write_meta)
 
 CHUNK_CHARS = 1 << 20  # characters of text per unit of work for an encoding process
 
@@ -150,7 +160,8 @@ def encoded_chunks(documents, encoder, num_proc):
         for chunk in itertools.chain(head, chunks):
             yield [encoder.encode(doc) for doc in chunk]
         return
-    with multiprocessing.Pool(num_proc, _start_worker, (encoder.name, encoder.chars)) as pool:
+    pool = multiprocessing.Pool(num_proc, _start_worker, (encoder.name, encoder.chars))
+    try:
         pending = deque()
         for chunk in itertools.chain(head, chunks):
             pending.append(pool.apply_async(_encode_chunk, (chunk,)))
@@ -158,13 +169,29 @@ def encoded_chunks(documents, encoder, num_proc):
                 yield pending.popleft().get()
         while pending:
             yield pending.popleft().get()
+    finally:  # also on an error, Ctrl-C, SIGTERM or max_tokens reached (GeneratorExit)
+        # not Pool.terminate(): it kills workers wherever they are, and one killed while sending a result holds
+        # the result queue's lock for ever, so the pool hangs joining its threads (1 interrupt in 2 did). The
+        # chunks in flight (at most 2 * num_proc) finish instead, and the workers exit; a second interrupt
+        # while they do terminates them.
+        pool.close()
+        try:
+            pool.join()
+        except BaseException:
+            pool.terminate()
+            raise
 
 
 def prepare(documents, out_dir, encoding="gpt2", val_fraction=0.05, seed=0, source="", num_proc=None,
-            max_tokens=None, progress=True):
+            max_tokens=None, progress=True, overwrite=True):
     """documents: a function returning a fresh iterator of document strings (called twice for the 'char'
     encoding, which first collects the character set). max_tokens: stop after the first document that reaches
-    this many tokens in all (0 or None: no limit). Returns the meta dict written to <out_dir>/meta.json."""
+    this many tokens in all (0 or None: no limit). Returns the meta dict written to <out_dir>/meta.json.
+
+    The corpus is built beside the one out_dir may hold and replaces it only when complete (see
+    data.tokens.replacing_corpus): an error or Ctrl-C leaves the previous corpus whole. overwrite=False (the
+    command lines' default) refuses to replace a corpus of another source or encoding (see the module
+    docstring)."""
     if not 0 < val_fraction < 1:
         raise ValueError(f"val_fraction={val_fraction} must be between 0 and 1")
     chars = None
@@ -174,17 +201,26 @@ def prepare(documents, out_dir, encoding="gpt2", val_fraction=0.05, seed=0, sour
             seen.update(doc)
         chars = "".join(sorted(seen))
     encoder = Encoder(encoding, chars)
-    os.makedirs(out_dir, exist_ok=True)
-    meta_path = os.path.join(out_dir, "meta.json")
-    if os.path.exists(meta_path):  # until the new meta is written, this folder holds no valid corpus
-        os.remove(meta_path)
+    check_replaceable(out_dir, {"source": source, "encoding": encoding}, overwrite)
+    with replacing_corpus(out_dir) as staging:
+        if progress:
+            print(f"preparing {out_dir} from {source or 'the input'} ({encoding}); the corpus there is replaced "
+                  f"when this completes", flush=True)
+        meta = _write_corpus(staging, documents, encoder, chars, val_fraction, seed, source, num_proc, max_tokens,
+                             progress)
+    return meta
+
+
+def _write_corpus(out_dir, documents, encoder, chars, val_fraction, seed, source, num_proc, max_tokens, progress):
+    encoding = encoder.name
     rng = np.random.default_rng(seed)
     counts = {"train": [0, 0], "val": [0, 0]}  # tokens, documents
     eot = np.array([encoder.eot_token])
     bar = tqdm(desc=f"encoding ({encoding})", unit="tok", unit_scale=True, disable=not progress, dynamic_ncols=True)
     encoded = encoded_chunks(documents(), encoder, num_proc or min(8, os.cpu_count() or 1))
     with TokenWriter(token_path(out_dir, "train"), encoder.dtype) as train_writer, \
-            TokenWriter(token_path(out_dir, "val"), encoder.dtype) as val_writer, contextlib.closing(encoded):
+            TokenWriter(token_path(out_dir, "val"), encoder.dtype) as val_writer, contextlib.closing(encoded), \
+            contextlib.closing(bar):  # closed on an error too, so that the error starts a line of its own
         writers = {"train": train_writer, "val": val_writer}
         for tokens in itertools.chain.from_iterable(encoded):
             if len(tokens) == 0:
@@ -256,11 +292,28 @@ def add_options(parser, encoding="gpt2"):
     parser.add_argument("--num_proc", type=positive_int, default=None,
                         help="encoding processes (default: CPUs, at most 8)")
     parser.add_argument("--max_tokens", type=positive_int, default=None, help="stop after about this many tokens")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace a corpus of another source or encoding that --out_dir holds")
 
 
 def options(args):
     return {"encoding": args.encoding, "val_fraction": args.val_fraction, "seed": args.seed,
-            "num_proc": args.num_proc, "max_tokens": args.max_tokens}
+            "num_proc": args.num_proc, "max_tokens": args.max_tokens, "overwrite": args.overwrite}
+
+
+def run_preparer(main, argv):
+    """A preparer's command line: run_main's one-line errors, and an interrupt (Ctrl-C, or SIGTERM, which
+    would otherwise end the process without cleaning up) also ends it with one line, after the staging folder
+    is removed; exit status 128 + the signal's number, as a shell reports a process that a signal ended."""
+    def terminate(signum, frame):
+        raise Interrupted("SIGTERM")
+    signal.signal(signal.SIGTERM, terminate)
+    try:
+        run_main(main, argv)
+    except KeyboardInterrupt as e:
+        message = str(e) if str(e).startswith("interrupted") else f"interrupted{f' ({e})' if str(e) else ''}"
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(128 + (signal.SIGTERM if isinstance(e, Interrupted) else signal.SIGINT))
 
 
 def report(meta, out_dir):
@@ -286,4 +339,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    run_main(main, sys.argv[1:])
+    run_preparer(main, sys.argv[1:])

@@ -1,8 +1,16 @@
 """Token files shared by every corpus and task: <dir>/<split>.bin (a flat array of token ids, each document
 followed by the end-of-text token), optional per-token arrays <dir>/<split>.<name>.bin aligned with it, and
-<dir>/meta.json describing them. Also the encodings that turn text into token ids."""
+<dir>/meta.json describing them. Also the encodings that turn text into token ids.
+
+A preparer writes a corpus through replacing_corpus(): the new files are built in a staging folder inside the
+corpus folder and renamed into place only when all are complete, meta.json last, so a failed or interrupted
+preparation leaves the previous corpus whole."""
+import contextlib
 import json
 import os
+import shutil
+import signal
+import threading
 
 import numpy as np
 
@@ -66,13 +74,174 @@ def write_meta(out_dir, meta):
 def read_meta(data_dir):
     path = os.path.join(data_dir, "meta.json")
     if not os.path.exists(path):
-        raise FileNotFoundError(f"{path} not found: prepare the corpus first, e.g. "
-                                f"python {os.path.join(data_dir, 'prepare.py')}")
+        raise FileNotFoundError(f"{path} not found: prepare the corpus first, e.g. {prepare_hint(data_dir)}")
     with open(path) as f:
         try:
             return json.load(f)
         except json.JSONDecodeError as e:
-            raise ValueError(f"{path} is corrupt ({e}); run the corpus's prepare.py again") from None
+            raise ValueError(f"{path} is corrupt ({e}); prepare the corpus again, e.g. {prepare_hint(data_dir)}") \
+                from None
+
+
+DATA_DIR = os.path.dirname(os.path.abspath(__file__))  # the repository's data/: the preparers
+
+
+def shown(path):
+    """path as a user can type it here: relative to the working directory when inside it, else absolute."""
+    relative = os.path.relpath(path)
+    return path if relative.startswith("..") else relative
+
+
+def prepare_hint(data_dir, meta=None):
+    """A command that (re)prepares the corpus in data_dir, for error messages; it names only preparers that
+    exist. A synthetic task (meta.json has 'task', or, without meta.json, a folder named after a task and
+    without a prepare.py of its own) is written by data/synthetic/prepare.py; a corpus with its own
+    <data_dir>/prepare.py by that; any other by data/prepare.py from its input files."""
+    from data.synthetic.tasks import TASKS
+    own = os.path.join(data_dir, "prepare.py")
+    out = f"--out_dir={data_dir}"
+    synthetic = shown(os.path.join(DATA_DIR, "synthetic", "prepare.py"))
+    if meta and "task" in meta:
+        options = "".join(f" --{k}={meta[k]}" for k in ("window", "n_sink") if k in meta)
+        if meta.get("example_len"):
+            options = f" --block_size={meta['example_len'] - 1}" + options
+        return f"python {synthetic} --task={meta['task']}{options} {out} (and the task's options)"
+    if os.path.isfile(own):
+        return f"python {own}"
+    name = os.path.basename(os.path.normpath(data_dir))
+    if meta is None and name in TASKS:
+        return f"python {synthetic} --task={name} {out} (and the task's options)"
+    files = f"python {shown(os.path.join(DATA_DIR, 'prepare.py'))} FILES {out}"
+    if meta is not None:
+        return f"{files} (it was prepared from {meta.get('source') or 'unknown input'})"
+    return f"{files} for text, or python {synthetic} --task=TASK {out} for a synthetic task"
+
+
+# ---------------------------------------------------------------------------------------- replacing a corpus
+
+IDENTITY = ("task", "source", "encoding")  # what a corpus is: a re-preparation may change anything else
+
+
+def describe(meta):
+    what = f"task {meta['task']!r}" if meta.get("task") else repr(meta.get("source") or "unknown input")
+    return f"{what}, encoding {meta.get('encoding')}"
+
+
+def check_replaceable(out_dir, new, overwrite):
+    """Raises unless out_dir holds no corpus, or one with the same identity (meta.json's task, source and
+    encoding) as the meta dict `new`, or overwrite is set."""
+    try:
+        old = read_meta(out_dir)
+    except (OSError, ValueError):  # no corpus there, or one whose meta.json is unreadable: nothing to keep
+        return
+    if overwrite or [old.get(k) for k in IDENTITY] == [new.get(k) for k in IDENTITY]:
+        return
+    raise FileExistsError(f"{out_dir} holds a corpus of {describe(old)}, not of {describe(new)}: pass --overwrite to "
+                          f"replace it, or choose another --out_dir")
+
+
+class Interrupted(KeyboardInterrupt):
+    """A termination signal (SIGTERM), raised where Ctrl-C raises KeyboardInterrupt."""
+
+
+def _corpus_files(meta):
+    """The files of the corpus meta describes, meta.json last."""
+    names = [f"{split}.{array}.bin" for split in ("train", "val") for array in meta.get("token_arrays", {})]
+    return ["train.bin", "val.bin", *names, "meta.json"]
+
+
+def _with_note(error, note):
+    """error with note appended to its message, of its own type where that takes a message alone."""
+    if isinstance(error, KeyboardInterrupt):
+        return type(error)(f"interrupted{f' ({error})' if str(error) else ''}; {note}")
+    for kind in (ValueError, OSError, ImportError):
+        if isinstance(error, kind):
+            try:
+                return type(error)(f"{error}; {note}")
+            except Exception:
+                return kind(f"{error}; {note}")
+    return None
+
+
+def _pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+STAGING = ".preparing."  # + the preparer's pid: the staging folder inside the corpus folder
+
+
+@contextlib.contextmanager
+def replacing_corpus(out_dir):
+    """Yields a staging folder inside out_dir, where the preparer writes the whole new corpus (token files,
+    arrays, meta.json). When the block completes, every file is renamed into out_dir, meta.json last, and the
+    previous corpus's files that the new one lacks are removed: a reader sees the old meta.json until every new
+    token file is in place. An error or an interrupt removes the staging folder and leaves the previous corpus
+    whole; the error raised says so. (Renames within one folder are atomic; the swap of several files is not,
+    but it takes microseconds, meta.json comes last, and a Ctrl-C or SIGTERM is handled only after it.)"""
+    os.makedirs(out_dir, exist_ok=True)
+    for name in os.listdir(out_dir):  # left by a preparer that was killed (SIGKILL): nothing else removes them
+        pid = name[len(STAGING):]
+        if name.startswith(STAGING) and pid.isdigit() and not _pid_alive(int(pid)):
+            shutil.rmtree(os.path.join(out_dir, name), ignore_errors=True)
+    had_corpus = os.path.exists(os.path.join(out_dir, "meta.json"))
+    staging = os.path.join(out_dir, f"{STAGING}{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    os.mkdir(staging)
+    try:
+        yield staging
+        with open(os.path.join(staging, "meta.json")) as f:
+            meta = json.load(f)
+        new_files = _corpus_files(meta)
+        missing = [name for name in new_files if not os.path.isfile(os.path.join(staging, name))]
+        if missing:
+            raise FileNotFoundError(f"the preparer wrote no {', '.join(missing)}")
+    except BaseException as e:
+        shutil.rmtree(staging, ignore_errors=True)
+        noted = _with_note(e, f"the corpus in {out_dir} is unchanged" if had_corpus else
+                           f"no corpus was written to {out_dir}")
+        if noted is None:
+            raise
+        raise noted.with_traceback(e.__traceback__) from None
+    try:
+        old = read_meta(out_dir) if had_corpus else {}
+    except ValueError:
+        old = {}
+    with signals_held():  # a Ctrl-C or SIGTERM now waits until every file is in place: no half-swapped corpus
+        for name in new_files:
+            os.replace(os.path.join(staging, name), os.path.join(out_dir, name))
+        for name in set(_corpus_files(old)) - set(new_files):  # arrays the new corpus does not have
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(out_dir, name))
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def signals_held(signals=(signal.SIGINT, signal.SIGTERM)):
+    """Handles these signals only when the block ends: their handlers (which raise, or end the process) are
+    replaced by ones that only take note, and the first noted signal is handled on the way out. (Blocking them
+    with pthread_sigmask would not do: another thread, tqdm's monitor for one, would take them.)"""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        yield
+        return
+    received = []
+    previous = {signum: signal.signal(signum, lambda signum, frame: received.append((signum, frame)))
+                for signum in signals}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for signum, frame in received[:1]:
+            if callable(previous[signum]):
+                previous[signum](signum, frame)
+            elif previous[signum] == signal.SIG_DFL:
+                os.kill(os.getpid(), signum)
 
 
 def load_tiktoken(name):

@@ -13,8 +13,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from nanoaha.configurator import run_main  # noqa: E402
-from data.prepare import add_options, options, prepare, prepare_files, report  # noqa: E402
+from data.prepare import add_options, options, prepare, prepare_files, report, run_preparer  # noqa: E402
 
 DATASET, CONFIG = "HuggingFaceFW/fineweb-edu", "sample-10BT"
 
@@ -48,4 +47,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    run_main(main, sys.argv[1:])
+    run_preparer(main, sys.argv[1:])

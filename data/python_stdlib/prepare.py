@@ -13,8 +13,7 @@ import sysconfig
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from nanoaha.configurator import run_main  # noqa: E402
-from data.prepare import add_options, options, prepare_files, report  # noqa: E402
+from data.prepare import add_options, options, prepare_files, report, run_preparer  # noqa: E402
 
 EXCLUDED_DIRS = {"test", "tests", "idle_test", "site-packages", "__pycache__"}
 
@@ -44,4 +43,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    run_main(main, sys.argv[1:])
+    run_preparer(main, sys.argv[1:])

@@ -11,8 +11,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from nanoaha.configurator import run_main  # noqa: E402
-from data.prepare import add_options, fetch, options, prepare_files, report  # noqa: E402
+from data.prepare import add_options, fetch, options, prepare_files, report, run_preparer  # noqa: E402
 
 URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 
@@ -32,4 +31,4 @@ def main(argv, encoding, out_dir):
 
 
 if __name__ == "__main__":
-    run_main(lambda argv: main(argv, "gpt2", os.path.dirname(os.path.abspath(__file__))), sys.argv[1:])
+    run_preparer(lambda argv: main(argv, "gpt2", os.path.dirname(os.path.abspath(__file__))), sys.argv[1:])

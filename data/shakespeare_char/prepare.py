@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from nanoaha.configurator import run_main  # noqa: E402
+from data.prepare import run_preparer  # noqa: E402
 from data.shakespeare.prepare import main  # noqa: E402
 
 if __name__ == "__main__":
-    run_main(lambda argv: main(argv, "char", os.path.dirname(os.path.abspath(__file__))), sys.argv[1:])
+    run_preparer(lambda argv: main(argv, "char", os.path.dirname(os.path.abspath(__file__))), sys.argv[1:])

@@ -18,6 +18,11 @@ arrays with one entry per token, described in meta.json 'token_arrays':
   <split>.loss_mask.bin     1 where the token carries loss (loss_on='answers': answers and mixed-in text only)
 With text_dir, a fraction text_ratio of the examples are plain windows of that corpus (the same split), and the
 task's tokens get ids after the corpus's vocabulary.
+
+A re-run replaces out_dir's files only when the new ones are complete (a failure or Ctrl-C leaves the previous
+task data whole, see data/prepare.py). What a task corpus is: meta.json's 'task' and 'encoding' ('synthetic', or
+the encoding of the text_dir it mixes in); a re-run may change every other option, but a folder that holds
+another task or encoding (or a text corpus) is replaced only with --overwrite.
 """
 import contextlib
 import dataclasses
@@ -31,7 +36,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from nanoaha.configurator import ConfigError, help_text, parse_args  # noqa: E402
 from data.synthetic.tasks import TASKS, UNKNOWN, needs_global  # noqa: E402
-from data.tokens import TokenWriter, read_meta, token_dtype, token_path, write_meta  # noqa: E402
+from data.prepare import run_preparer  # noqa: E402
+from data.tokens import (TokenWriter, check_replaceable, read_meta, replacing_corpus, token_dtype,  # noqa: E402
+                         token_path, write_meta)
 
 ARRAYS = {
     "answer": "1 where the token is an answer the task scores",
@@ -54,6 +61,7 @@ class SyntheticConfig:
     loss_on: str = "answers"  # 'answers': only answer tokens (and mixed-in text) carry loss; 'all': every token
     text_dir: str = ""        # a prepared corpus: the needle task's haystack, and the text mixed in
     text_ratio: float = 0.0   # fraction of examples that are plain text windows (needs text_dir)
+    overwrite: bool = False   # replace a corpus of another task or encoding that out_dir holds
 
 
 def text_windows(text_dir, split, length):
@@ -73,15 +81,15 @@ def array_names(cfg):
     return [name for name in ARRAYS if name != "loss_mask" or cfg.loss_on == "answers"]
 
 
-def write_split(cfg, task, split, n_examples, offset, dtype):
-    """Writes the split's examples and arrays; returns the number of plain text examples among them."""
+def write_split(cfg, task, split, n_examples, offset, dtype, out_dir):
+    """Writes the split's examples and arrays to out_dir; returns the number of plain text examples among them."""
     length = cfg.block_size + 1
     text = text_windows(cfg.text_dir, split, length) if cfg.text_dir else None
     rng = np.random.default_rng([cfg.seed, ["train", "val"].index(split)])
     n_text = 0
     with contextlib.ExitStack() as stack:
-        tokens = stack.enter_context(TokenWriter(token_path(cfg.out_dir, split), dtype))
-        writers = {name: stack.enter_context(TokenWriter(token_path(cfg.out_dir, split, name), np.uint8))
+        tokens = stack.enter_context(TokenWriter(token_path(out_dir, split), dtype))
+        writers = {name: stack.enter_context(TokenWriter(token_path(out_dir, split, name), np.uint8))
                    for name in array_names(cfg)}
         for _ in range(n_examples):
             if cfg.text_ratio and rng.random() < cfg.text_ratio:
@@ -118,9 +126,6 @@ def generate(cfg, task):
     offset = text_meta.get("vocab_size", 0)
     vocab_size = offset + task.vocab_size
     dtype = token_dtype(vocab_size)
-    os.makedirs(cfg.out_dir, exist_ok=True)
-    if os.path.exists(os.path.join(cfg.out_dir, "meta.json")):  # until the new meta is written: no valid data
-        os.remove(os.path.join(cfg.out_dir, "meta.json"))
     meta = {"encoding": text_meta.get("encoding", "synthetic"), "vocab_size": vocab_size,
             "dtype": np.dtype(dtype).name, "eot_token": text_meta.get("eot_token"), "example_len": cfg.block_size + 1,
             "task": cfg.task, "task_config": asdict(task), "window": cfg.window, "n_sink": cfg.n_sink,
@@ -133,10 +138,13 @@ def generate(cfg, task):
     for split, n_examples in (("train", cfg.n_train), ("val", cfg.n_val)):
         if n_examples < 1:
             raise ValueError(f"n_{split}={n_examples}: need at least one example")
-        n_text = write_split(cfg, task, split, n_examples, offset, dtype)
-        meta.update({f"{split}_tokens": n_examples * (cfg.block_size + 1), f"{split}_examples": n_examples,
-                     f"{split}_text_examples": n_text})
-    write_meta(cfg.out_dir, meta)
+    check_replaceable(cfg.out_dir, meta, cfg.overwrite)
+    with replacing_corpus(cfg.out_dir) as staging:
+        for split, n_examples in (("train", cfg.n_train), ("val", cfg.n_val)):
+            n_text = write_split(cfg, task, split, n_examples, offset, dtype, staging)
+            meta.update({f"{split}_tokens": n_examples * (cfg.block_size + 1), f"{split}_examples": n_examples,
+                         f"{split}_text_examples": n_text})
+        write_meta(staging, meta)
     return meta
 
 
@@ -155,14 +163,15 @@ def parse(argv):
     return cfg, task
 
 
-if __name__ == "__main__":
-    if any(arg in ("--help", "-h") for arg in sys.argv[1:]):
+def main(argv):
+    if any(arg in ("--help", "-h") for arg in argv):
         sys.exit(print(help_text(__doc__, SyntheticConfig, *TASKS.values())))
-    try:
-        config, chosen = parse(sys.argv[1:])
-        result = generate(config, chosen)
-    except (ConfigError, ValueError) as e:
-        sys.exit(f"error: {e}")
+    config, chosen = parse(argv)
+    result = generate(config, chosen)
     print(f"wrote {result['train_examples']:,} train and {result['val_examples']:,} val examples of "
           f"{result['example_len']} tokens ({config.task}, vocab {result['vocab_size']}, labels for window "
           f"{config.window}, {config.n_sink} sinks) to {config.out_dir}")
+
+
+if __name__ == "__main__":
+    run_preparer(main, sys.argv[1:])
