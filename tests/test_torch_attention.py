@@ -118,7 +118,7 @@ def test_dense_matches_reference():
     assert_matches_reference(q, k, v, gate, "dense", None, 0, "exact", atol=1e-10)
 
 
-# --- semantics of the reference itself (the conventions in shared/docs/reference.md section 5) ---
+# --- semantics of the reference itself (the conventions in kernels/reference.py's docstring) ---
 
 def reference_out(q, k, v, kind, window=8, n_sink=0, gate=None, mode="exact"):
     with torch.no_grad():

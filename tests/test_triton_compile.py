@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from kernels.attention import TRITON_HEAD_DIMS
+from kernels.triton_common import HEAD_DIMS as TRITON_HEAD_DIMS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.slow  # compiles every kernel for every head dim: seconds even with a warm Triton cache
