@@ -88,11 +88,10 @@ def load_model_state(model, state_dict, source, allow_new_routers=False):
 
 def load_model(path, device, router_threshold=None):
     """The model a checkpoint holds, in eval mode on `device`, and the checkpoint's data meta.
-    router_threshold overrides the trained threshold (a speed/quality trade-off at inference)."""
+    router_threshold: the model is built with this threshold instead of the trained one (a speed/quality
+    trade-off at inference)."""
     ckpt = load_checkpoint(path, device)
-    config = GPTConfig(**ckpt["model_config"])
-    if router_threshold is not None:
-        config.router_threshold = router_threshold
-    model = GPT(config)
+    overrides = {} if router_threshold is None else {"router_threshold": router_threshold}
+    model = GPT(GPTConfig(**{**ckpt["model_config"], **overrides}))
     load_model_state(model, ckpt["model"], checkpoint_path(path))
     return model.to(device).eval(), ckpt["data_meta"]
