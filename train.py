@@ -121,33 +121,23 @@ IDENTITY_KEYS = ("encoding", "vocab_size", "dtype", "eot_token", "train_tokens",
 def check_same_data(saved_meta, meta, ckpt_path):
     """Resuming on another corpus is refused: the fields of meta.json that identify the data must match."""
     differ = {k: (saved_meta[k], meta[k]) for k in IDENTITY_KEYS
-              if saved_meta and k in saved_meta and k in meta and saved_meta[k] != meta[k]}
+              if k in saved_meta and k in meta and saved_meta[k] != meta[k]}
     if differ:
         raise ValueError(f"cannot resume {ckpt_path}: it was trained on other data (meta.json, checkpoint vs now: "
                          f"{differ}); point dataset/data_dir at that corpus, or fine-tune on this one with "
                          f"--init_from={ckpt_path}")
 
 
-def as_list(states):
-    """Checkpoints before per-rank RNG states held one state; now a list, one per rank."""
-    return states if isinstance(states, list) else [states]
-
-
 def restore_rng(rng, generator, rank, world, seed, iter_num):
     """Restore the RNG states a checkpoint saved: the shared one (data windows, forced-global steps) and this
     rank's torch (and CUDA) state. With another number of processes the per-rank states cannot be matched to
     ranks, so every rank is re-seeded from the step and its rank; returns the message that says so, or None."""
-    data = rng["data"]
-    generator.set_state(data[0] if isinstance(data, list) else data)  # older DDP checkpoints: one per rank
-    torch_states, cuda_states = as_list(rng["torch"]), as_list(rng.get("cuda"))
+    generator.set_state(rng["data"])
+    torch_states, cuda_states = rng["torch"], rng["cuda"]  # one per rank
     if len(torch_states) == world:
         torch.set_rng_state(torch_states[rank])
         if torch.cuda.is_available() and cuda_states[rank] is not None:
-            state = cuda_states[rank]
-            if isinstance(state, list):  # checkpoints that saved get_rng_state_all()
-                torch.cuda.set_rng_state_all(state)
-            else:
-                torch.cuda.set_rng_state(state)
+            torch.cuda.set_rng_state(cuda_states[rank])
         return None
     torch.manual_seed(seed + 1_000_003 * (iter_num + 1) + rank)
     return (f"resuming a run of {len(torch_states)} process(es) with {world}: random routing and dropout are "
@@ -223,20 +213,20 @@ def _train_on(tcfg, mcfg, signals, ddp, rank, world, device):
                    if asdict(mcfg).get(k) != v and k not in RUNTIME_KEYS}
         if changed:
             raise ValueError(f"cannot resume {resumed_from}: model config differs (checkpoint, now): {changed}")
-        if ckpt.get("optimizer") is None:
+        if ckpt["optimizer"] is None:
             raise ValueError(f"cannot resume {resumed_from}: it holds no optimizer state (a pruned checkpoint); "
                              f"fine-tune it with --init_from={resumed_from} instead")
-        check_same_data(ckpt.get("data_meta"), data.meta, resumed_from)
+        check_same_data(ckpt["data_meta"], data.meta, resumed_from)
         load_model_state(model, ckpt["model"], resumed_from)
         optimizer.load_state_dict(ckpt["optimizer"])
-        if ckpt.get("scaler") is not None:
+        if ckpt["scaler"] is not None:
             scaler.load_state_dict(ckpt["scaler"])
-        iter_num, best_val, val_history = ckpt["iter_num"], ckpt["best_val_loss"], ckpt.get("val_history", [])
-        if controller is not None and ckpt.get("router_lambda_state") is not None:
+        iter_num, best_val, val_history = ckpt["iter_num"], ckpt["best_val_loss"], ckpt["val_history"]
+        if controller is not None and ckpt["router_lambda_state"] is not None:
             controller.u = ckpt["router_lambda_state"]
         message = restore_rng(ckpt["rng"], generator, rank, world, tcfg.seed, iter_num)
         saved = ckpt["train_config"]
-        saved_batch = saved["batch_size"] * saved["grad_accum"] * len(as_list(ckpt["rng"]["torch"]))
+        saved_batch = saved["batch_size"] * saved["grad_accum"] * len(ckpt["rng"]["torch"])
         if message and master:
             order = "continues unchanged" if saved_batch == global_batch else \
                 f"changes: the global batch is now {global_batch} windows (was {saved_batch})"

@@ -61,8 +61,8 @@ def run_name(path):
 
 def trained_data_dir(path):
     """The corpus a checkpoint was trained on: train.py's data_dir, or data/<dataset>."""
-    train_config = load_checkpoint(path, "cpu").get("train_config") or {}
-    return train_config.get("data_dir") or os.path.join(ROOT, "data", train_config.get("dataset", "python_stdlib"))
+    train_config = load_checkpoint(path, "cpu")["train_config"]
+    return train_config["data_dir"] or os.path.join(ROOT, "data", train_config["dataset"])
 
 
 def eval_data(data_dir, config, source):
