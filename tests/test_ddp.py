@@ -14,7 +14,7 @@ import train
 from nanoaha.configurator import parse_args
 from model import GPTConfig
 from processes import run_in_own_session
-from train import TrainConfig
+from nanoaha.train_config import TrainConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = {"block_size": 32, "window": 8, "n_layer": 2, "n_head": 2, "n_embd": 32, "batch_size": 2, "eval_iters": 1,

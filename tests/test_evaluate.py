@@ -22,7 +22,7 @@ from nanoaha.evaluation import (evaluate_checkpoint, evaluate_loss, fixed_val_ba
 from model import GPT, GPTConfig
 from nanoaha.pruning import layers_to_prune, prune_checkpoint
 from nanoaha.routing_stats import kv_cache_bytes
-from train import TrainConfig
+from nanoaha.train_config import TrainConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EVAL_TOKENS, BATCH = 2048, 32  # 64 windows of 32 tokens in two batches: a tiny model runs faster in few calls

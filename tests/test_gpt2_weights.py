@@ -8,7 +8,7 @@ import train
 from nanoaha.configurator import parse_args
 from nanoaha.gpt2_weights import gpt2_state_dict
 from model import GPT, GPTConfig
-from train import TrainConfig
+from nanoaha.train_config import TrainConfig
 
 transformers = pytest.importorskip("transformers")
 

@@ -18,7 +18,8 @@ from data.loader import TokenData
 from data.tokens import write_meta, write_tokens
 from model import GPT, GPTConfig
 from sample import SampleConfig
-from train import TrainConfig, TrainingStopped
+from nanoaha.train_config import TrainConfig
+from nanoaha.training import TrainingStopped
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--block_size=32", "--window=8", "--n_layer=1", "--n_embd=32", "--n_head=2", "--eval_iters=1",

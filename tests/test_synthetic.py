@@ -16,7 +16,7 @@ from data.synthetic.tasks import UNKNOWN, Copy, Needle, Recall, needs_global
 from nanoaha.evaluation import evaluate_routing
 from model import GPTConfig
 from nanoaha.checkpoint import load_model
-from train import TrainConfig
+from nanoaha.train_config import TrainConfig
 
 U = UNKNOWN
 

@@ -15,7 +15,8 @@ import train
 from nanoaha.configurator import ConfigError, parse_args
 from model import GPT, GPTConfig
 from nanoaha.routing_stats import warn_collapse
-from train import LambdaController, TrainConfig, lr_at
+from nanoaha.train_config import TrainConfig
+from nanoaha.training import LambdaController, lr_at
 
 
 def configs(tmp_path, corpus, **overrides):
