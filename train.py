@@ -43,8 +43,8 @@ from nanoaha.training import (LambdaController, StopSignals, TrainingStopped, ch
 @dataclass
 class Run:
     """One training run's state, shared by the functions below. model is what the steps call (compiled and/or
-    wrapped in DDP), raw_model the GPT itself (evaluation, checkpoints). The fields after `generator` are what
-    the loop moves."""
+    wrapped in DDP), raw_model the GPT itself (evaluation, checkpoints). setup() sets everything up to
+    val_batches; the fields from iter_num on are what the loop moves."""
     tcfg: TrainConfig
     mcfg: GPTConfig
     ddp: bool
@@ -58,7 +58,10 @@ class Run:
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
     controller: LambdaController | None
+    n_routers: int                      # layers with a learned router (the controller's lambdas)
     generator: torch.Generator          # data windows and forced-global steps: seeded alike on every rank
+    logger: Logger | None = None
+    val_batches: list | None = None     # the fixed val windows of every evaluation
     iter_num: int = 0
     best_val: float = math.inf
     val_history: list = field(default_factory=list)  # [step, val loss] of every evaluation
@@ -71,8 +74,6 @@ class Run:
     started: float = 0.0                             # the loop's start, for wall_s
     train_time: float = 0.0                          # seconds in training steps (no evaluation), for tokens/s
     steps_timed: int = 0
-    logger: Logger | None = None
-    val_batches: list | None = None
 
     @property
     def master(self):
@@ -97,10 +98,6 @@ class Run:
     @property
     def global_batch(self):
         return self.tcfg.batch_size * self.tcfg.grad_accum * self.world
-
-    @property
-    def n_routers(self):
-        return sum(block.attn.router is not None for block in self.raw_model.blocks)
 
 
 @dataclass
@@ -142,13 +139,7 @@ def setup(tcfg, mcfg, ddp, rank, world, device):
         torch.backends.cudnn.allow_tf32 = True
     data_dir = tcfg.data_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", tcfg.dataset)
     data = TokenData(data_dir, mcfg.block_size, mcfg.vocab_size, tcfg.doc_aligned_windows)
-    ckpt_path = os.path.join(tcfg.out_dir, "ckpt.pt")
-    if tcfg.init_from != "resume" and os.path.exists(ckpt_path):
-        if not tcfg.overwrite:
-            raise ValueError(f"{ckpt_path} exists: continue that run with --init_from=resume, or start over in "
-                             f"this folder with --overwrite (or choose another --out_dir)")
-        if rank == 0 and os.path.exists(os.path.join(tcfg.out_dir, BEST_NAME)):
-            os.remove(os.path.join(tcfg.out_dir, BEST_NAME))  # the best of the replaced run
+    claim_out_dir(tcfg, rank == 0)
 
     # Every rank draws the same data windows and forced-global steps (generator, seeded alike) and takes its own
     # slice of the global batch; random routing and dropout draw from torch's RNG, seeded per rank.
@@ -164,7 +155,7 @@ def setup(tcfg, mcfg, ddp, rank, world, device):
     run = Run(tcfg, mcfg, ddp, rank, world, device, dtype, data, raw_model=model, model=model,
               optimizer=configure_optimizer(model, tcfg, device_type),
               scaler=torch.amp.GradScaler(device_type, enabled=dtype == torch.float16),  # fp16 needs loss scaling
-              controller=controller, generator=generator)
+              controller=controller, n_routers=n_routers, generator=generator)
     start_from(run)
     if tcfg.compile:
         torch._dynamo.config.capture_scalar_outputs = True  # sparse mode's gated-row count: traced, not a break
@@ -178,6 +169,18 @@ def setup(tcfg, mcfg, ddp, rank, world, device):
     run.logger = Logger(os.path.join(tcfg.out_dir, "tb"), tcfg.tensorboard and run.master)
     run.val_batches = data.val_batches(tcfg.batch_size, tcfg.eval_iters)
     return run
+
+
+def claim_out_dir(tcfg, master):
+    """A new run refuses a folder that holds a checkpoint, unless told to overwrite it."""
+    ckpt_path, best_path = os.path.join(tcfg.out_dir, "ckpt.pt"), os.path.join(tcfg.out_dir, BEST_NAME)
+    if tcfg.init_from == "resume" or not os.path.exists(ckpt_path):
+        return
+    if not tcfg.overwrite:
+        raise ValueError(f"{ckpt_path} exists: continue that run with --init_from=resume, or start over in "
+                         f"this folder with --overwrite (or choose another --out_dir)")
+    if master and os.path.exists(best_path):
+        os.remove(best_path)  # the best of the replaced run
 
 
 def start_from(run):
