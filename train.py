@@ -4,12 +4,11 @@
     torchrun --standalone --nproc_per_node=8 train.py configs/NAME.py     # DDP
 
 Every setting is a field of nanoaha/train_config.TrainConfig or of model.GPTConfig (--help lists them).
-
-Reading order: train() starts the processes; setup() builds the run (data, model, optimizer) and start_from()
-loads what it starts from (resume, GPT-2 weights, a checkpoint to fine-tune); train_loop() then evaluates and
-saves (evaluate_and_save) every eval_interval steps, takes one guarded step at a time (train_step) and logs
-(log_step). Schedules, the lambda controller and the resume checks live in nanoaha/training.py.
 """
+# Reading order: train() starts the processes; setup() builds the run (data, model, optimizer) and start_from()
+# loads what it starts from (resume, GPT-2 weights, a checkpoint to fine-tune); train_loop() then evaluates and
+# saves (evaluate_and_save) every eval_interval steps, takes one guarded step at a time (train_step) and logs
+# (log_step). Schedules, the lambda controller and the resume checks live in nanoaha/training.py.
 import math
 import os
 import signal
