@@ -9,6 +9,8 @@ import torch
 
 
 def lr_at(it, cfg):
+    """Linear warm-up to learning_rate over warmup_iters, then cosine decay to min_lr at lr_decay_iters
+    (0: max_iters), min_lr after."""
     decay_iters = cfg.lr_decay_iters or cfg.max_iters
     if it < cfg.warmup_iters:
         return cfg.learning_rate * (it + 1) / cfg.warmup_iters
