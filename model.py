@@ -2,12 +2,14 @@
 
 Where things are:
 - Router.forward              per-head router: logits from the layer input, sigmoid, hard threshold, STE
+- Attention.forward           the dispatch: kernels.attention for a whole sequence, Attention.decode per cached token
+- run_mode                    which routed mode a call runs ('exact' or 'sparse')
 - GPT.forward                 loss = LM loss + penalty_weight * mean router probability (the L1 penalty)
+- check_model_config          (the end of the file) the config's one-line errors
 - nanoaha/routing_stats.py    global fraction, mean p, ideal and computed attention FLOPs per layer and head
 - kernels.attention.attention the one attention entry point (reference / torch / triton backends)
 """
 import math
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -46,44 +48,7 @@ class GPTConfig:
     gelu_approximate: str = "none"  # 'tanh': GPT-2's GELU
 
     def __post_init__(self):
-        for key in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"{key}={getattr(self, key)} must be at least 1")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout={self.dropout} must be in [0, 1)")
-        if not 0.0 <= self.router_threshold <= 1.0:
-            raise ValueError(f"router_threshold={self.router_threshold} must be in [0, 1]")
-        if self.router_init_std < 0 or not self.rope_base > 0:
-            raise ValueError(f"router_init_std={self.router_init_std} must not be negative and "
-                             f"rope_base={self.rope_base} must be positive")
-        if self.attention_backend not in BACKENDS:
-            raise ValueError(f"attention_backend={self.attention_backend!r}: use one of {', '.join(BACKENDS)}")
-        if not self.schedule or set(self.schedule) - set(KIND_OF_LETTER):
-            raise ValueError(f"schedule={self.schedule!r}: use the letters G (dense), L (local), R (routed)")
-        if self.n_embd % self.n_head:
-            raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
-        if self.position_embedding not in ("rope", "learned"):
-            raise ValueError(f"position_embedding={self.position_embedding!r}: use 'rope' or 'learned'")
-        if self.gelu_approximate not in ("none", "tanh"):
-            raise ValueError(f"gelu_approximate={self.gelu_approximate!r}: use 'none' or 'tanh'")
-        if self.position_embedding == "rope" and (self.n_embd // self.n_head) % 2:
-            raise ValueError("head size n_embd // n_head must be even for rotary embeddings")
-        if not 1 <= self.window <= self.block_size:
-            raise ValueError(f"window={self.window} must be between 1 and block_size={self.block_size}; "
-                             "a window as long as the block is dense attention (schedule 'G')")
-        if not 0 <= self.n_sink <= self.window:
-            raise ValueError(f"n_sink={self.n_sink} must be between 0 and window={self.window}")
-        if self.routing not in ("learned", "random"):
-            raise ValueError(f"routing={self.routing!r}: use 'learned' or 'random'")
-        if not 0.0 <= self.router_explore <= 1.0:
-            raise ValueError(f"router_explore={self.router_explore} must be a fraction in [0, 1]")
-        if self.routed_mode not in ("exact", "sparse"):
-            raise ValueError(f"routed_mode={self.routed_mode!r}: use 'exact' or 'sparse'")
-        rates = self.random_global_q if isinstance(self.random_global_q, list) else [self.random_global_q]
-        if isinstance(self.random_global_q, list) and len(rates) != self.n_layer:
-            raise ValueError(f"random_global_q has {len(rates)} rates for {self.n_layer} layers: give one per layer")
-        if not all(isinstance(q, (int, float)) and 0.0 <= q <= 1.0 for q in rates):
-            raise ValueError(f"random_global_q={self.random_global_q} must be a probability (or one per layer)")
+        check_model_config(self)  # one-line errors for values that cannot work (at the end of this file)
 
     @property
     def layer_letters(self):
@@ -136,20 +101,21 @@ class Router(nn.Module):
         # seed, the backbone init of the same model without them, so a grid's rows differ in routing, not in init
         self.logits = nn.utils.skip_init(nn.Linear, config.n_embd, config.n_head, bias=True)
 
-    def reset_parameters(self):
-        nn.init.normal_(self.logits.weight, std=self.config.router_init_std) if self.config.router_init_std \
-            else nn.init.zeros_(self.logits.weight)
-        nn.init.constant_(self.logits.bias, self.config.router_init_bias)
-
-    def forward(self, x, force_global=False):
+    def forward(self, x, threshold=None, force_global=False):
+        """threshold: None for the trained one (config.router_threshold)."""
         p = torch.sigmoid(self.logits(x).float()).transpose(1, 2)  # (B, H, T)
-        hard = p >= self.config.router_threshold
+        hard = p >= (self.config.router_threshold if threshold is None else threshold)
         if self.training and self.config.router_explore > 0:
             hard = hard | (torch.rand_like(p) < self.config.router_explore)
         if force_global:
             hard = torch.ones_like(hard)
         gate = hard.to(p.dtype)
         return hard, gate + (p - p.detach()) if torch.is_grad_enabled() else gate, p  # no gradient: no STE ops
+
+    def reset_parameters(self):
+        nn.init.normal_(self.logits.weight, std=self.config.router_init_std) if self.config.router_init_std \
+            else nn.init.zeros_(self.logits.weight)
+        nn.init.constant_(self.logits.bias, self.config.router_init_bias)
 
 
 class Attention(nn.Module):
@@ -163,38 +129,39 @@ class Attention(nn.Module):
         learned = kind == "routed" and config.routing == "learned"
         self.router = Router(config) if learned else None
 
-    def route(self, x, force_global):
-        """(hard gate, STE gate, p) for routed layers, (None, None, None) otherwise."""
-        if self.kind != "routed":
-            return None, None, None
-        if self.router is not None:
-            return self.router(x, force_global)
-        B, T, _ = x.shape
-        q = self.config.random_global_q
-        hard = torch.rand(B, self.n_head, T, device=x.device) < (q[self.layer] if isinstance(q, list) else q)
-        if force_global:
-            hard = torch.ones_like(hard)
-        return hard, hard.float(), None
-
-    def forward(self, x, cos, sin, force_global=False, cache=None):
+    def forward(self, x, cos, sin, mode, threshold=None, force_global=False, cache=None):
+        """mode: what routed layers compute ('exact' or 'sparse', from run_mode); threshold: the router's
+        (None: the trained one)."""
         B, T, C = x.shape
         qkv = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
         if cos is not None:  # rotary positions (else learned absolute ones were added to the input)
             (q, k), v = apply_rotary(qkv[:2], cos, sin), qkv[2]  # q and k in one call: half the ops to decode
         else:
             q, k, v = qkv
-        hard, gate, p = self.route(x, force_global)
+        hard, gate, p = self.route(x, threshold, force_global)
         cfg = self.config
         if cache is not None and cache.length > 0:
             y = self.decode(q, k, v, hard, cache)
         else:
-            mode = routed_mode(cfg, force_global, generating=cache is not None)
             y = attention(q, k, v, kind=self.kind, window=cfg.window, n_sink=cfg.n_sink, gate=gate, mode=mode,
                           backend=cfg.attention_backend)
             if cache is not None:
                 cache.write(k, v)
         y = y.transpose(1, 2).reshape(B, T, C)
         return self.dropout(self.proj(y)), hard, p
+
+    def route(self, x, threshold, force_global):
+        """(hard gate, STE gate, p) for routed layers, (None, None, None) otherwise."""
+        if self.kind != "routed":
+            return None, None, None
+        if self.router is not None:
+            return self.router(x, threshold, force_global)
+        B, T, _ = x.shape
+        q = self.config.random_global_q
+        hard = torch.rand(B, self.n_head, T, device=x.device) < (q[self.layer] if isinstance(q, list) else q)
+        if force_global:
+            hard = torch.ones_like(hard)
+        return hard, hard.float(), None
 
     def decode(self, q, k, v, hard, cache):
         """New queries against the KV cache, one at a time: a local decision reads only the sinks and the window,
@@ -235,13 +202,13 @@ def decode_gathers(q):
     return q.is_cuda
 
 
-def routed_mode(config, force_global, generating=False):
-    """The mode routed layers run in: an all-global step runs 'exact' (the dense kernel is cheapest); without a
-    gradient (evaluation) or with a KV cache (generation) 'sparse', since 'exact' computes full attention for
-    every token only so that the straight-through gradient is exact."""
+def run_mode(routed_mode, force_global, generating=False):
+    """The mode routed layers run in at one call, given the mode they train in: an all-global step runs 'exact'
+    (the dense kernel is cheapest); without a gradient (evaluation) or with a KV cache (generation) 'sparse',
+    since 'exact' computes full attention for every token only so that the straight-through gradient is exact."""
     if force_global:
         return "exact"
-    return config.routed_mode if torch.is_grad_enabled() and not generating else "sparse"
+    return routed_mode if torch.is_grad_enabled() and not generating else "sparse"
 
 
 class MLP(nn.Module):
@@ -264,10 +231,130 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x, cos, sin, force_global=False, cache=None):
-        a, hard, p = self.attn(self.ln_1(x), cos, sin, force_global, cache)
+    def forward(self, x, cos, sin, mode, threshold=None, force_global=False, cache=None):
+        a, hard, p = self.attn(self.ln_1(x), cos, sin, mode, threshold, force_global, cache)
         x = x + a
         return x + self.mlp(self.ln_2(x)), hard, p
+
+
+class GPT(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.wpe = nn.Embedding(config.block_size, config.n_embd) if config.position_embedding == "learned" else None
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config, kind, layer) for layer, kind in enumerate(config.kinds))
+        self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # weight tying
+        cos, sin = rotary_tables(config.n_embd // config.n_head, config.block_size, config.rope_base)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.init_weights()
+
+    def forward(self, idx, targets=None, penalty_weight=0.0, router_budget=0.0, force_global=False, cache=None,
+                routed_mode=None, router_threshold=None):
+        """idx: (B, T) token ids. targets: (B, T), -1 = ignored. The loss is lm_loss + penalty, the penalty
+        penalty_weight * mean over routed layers of max(0, mean_p(layer) - router_budget), mean_p(layer) the
+        layer's mean router probability: with the default budget 0 a plain L1 push towards local; with a budget,
+        no layer is pushed below that rate (per layer, so one busy layer cannot hide another's collapse).
+        penalty_weight: a number, or a tensor with one weight per layer with a learned router.
+        force_global: every routed head of this call runs full attention (the router still gets its
+        straight-through gradient).
+        cache: list of KVCache (generation); positions continue from what the cache has seen.
+        routed_mode: the mode routed layers train in at this call (None: config.routed_mode; train.py passes
+        'exact' before sparse_from_iter); run_mode says what a call without a gradient runs.
+        router_threshold: gate = p >= this (None: config.router_threshold; evaluation sweeps it)."""
+        B, T = idx.shape
+        start = cache[0].length if cache else 0
+        if start + T > self.config.block_size:
+            raise ValueError(f"sequence of {start + T} tokens is longer than block_size={self.config.block_size}")
+        trained = self.config.routed_mode if routed_mode is None else routed_mode
+        mode = run_mode(trained, force_global, generating=bool(cache))
+        x = self.wte(idx)
+        if self.wpe is not None:
+            x, cos, sin = x + self.wpe(torch.arange(start, start + T, device=idx.device)), None, None
+        else:
+            cos, sin = self.rope_cos[start:start + T], self.rope_sin[start:start + T]
+        x = self.drop(x)
+        gates, probs = [], []
+        for i, block in enumerate(self.blocks):
+            x, hard, p = block(x, cos, sin, mode, router_threshold, force_global, cache[i] if cache else None)
+            gates.append(hard)
+            probs.append(p)
+        x = self.ln_f(x)
+        if targets is None:
+            return GPTOutput(logits=self.lm_head(x[:, -1:]), gates=gates, probs=probs, seq_len=T, routed_mode=mode)
+        logits = self.lm_head(x)
+        lm_loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
+        layer_p = [p.mean() for p in probs if p is not None]
+        layer_p = torch.stack(layer_p) if layer_p else lm_loss.new_zeros(1)
+        weight = torch.as_tensor(penalty_weight, dtype=layer_p.dtype, device=layer_p.device)
+        penalty = (weight * torch.clamp(layer_p - router_budget, min=0.0)).mean()
+        return GPTOutput(logits, lm_loss + penalty, lm_loss, penalty, layer_p.mean(), gates, probs, T, mode)
+
+    def init_weights(self):
+        """GPT-2's init: normal(0.02), residual projections scaled down by depth; routers last, from a forked RNG."""
+        routers = [block.attn.router for block in self.blocks if block.attn.router is not None]
+        router_modules = {module for router in routers for module in router.modules()}
+        for module in self.modules():
+            if module not in router_modules:
+                self._init_weights(module)
+        for name, p in self.named_parameters():
+            if name.endswith("proj.weight"):  # GPT-2: scale the residual projections
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))
+        with torch.random.fork_rng(devices=[]):  # the routers' draws leave the RNG as a router-less init does
+            for router in routers:
+                router.reset_parameters()
+
+    @staticmethod
+    def _init_weights(module):
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def num_params(self):
+        return sum(p.numel() for p in self.parameters())
+
+    def new_cache(self, capacity=None):
+        """One KVCache per layer, for up to `capacity` positions (default block_size)."""
+        cfg = self.config
+        return [KVCache(kind, capacity or cfg.block_size, cfg.window, cfg.n_sink) for kind in cfg.kinds]
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_kv_cache=True, generator=None):
+        """Sample tokens after idx (B, T). The context is the last block_size tokens at most; once it would
+        grow past block_size it restarts from its last block_size // 2 tokens (positions from 0 again). With the
+        KV cache, each new token reads the cached keys; a restart refills the cache from the kept tokens, once per
+        block_size // 2 new tokens. Both paths see the same context, so they give the same tokens at
+        temperature 0. (nanoaha/generation_timing.py times the prefill and decode steps from outside.)"""
+        block = self.config.block_size
+        start, cache = max(0, idx.shape[1] - block), None
+        for i in range(max_new_tokens):
+            if idx.shape[1] - start > block:
+                start, cache = idx.shape[1] - block // 2, None
+            if not use_kv_cache or cache is None:
+                context = idx[:, start:]
+                if use_kv_cache:
+                    cache = self.new_cache(min(block, context.shape[1] + max_new_tokens - i))
+                logits = self(context, cache=cache).logits
+            else:
+                logits = self(idx[:, -1:], cache=cache).logits
+            logits = logits[:, -1].float()
+            if temperature == 0:
+                next_id = logits.argmax(-1, keepdim=True)
+            else:
+                logits = logits / temperature
+                if top_k is not None:
+                    kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
+                    logits = logits.masked_fill(logits < kth, float("-inf"))
+                next_id = torch.multinomial(logits.softmax(-1), 1, generator=generator)
+            idx = torch.cat([idx, next_id], dim=1)
+        return idx
 
 
 class KVCache:
@@ -339,125 +426,43 @@ class KVCache:
         return list(range(min(self.length, self.n_sink))) + list(range(max(0, self.length - self.slots), self.length))
 
 
-class GPT(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        self.config = config
-        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
-        self.wpe = nn.Embedding(config.block_size, config.n_embd) if config.position_embedding == "learned" else None
-        self.drop = nn.Dropout(config.dropout)
-        self.blocks = nn.ModuleList(Block(config, kind, layer) for layer, kind in enumerate(config.kinds))
-        self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        self.lm_head.weight = self.wte.weight  # weight tying
-        cos, sin = rotary_tables(config.n_embd // config.n_head, config.block_size, config.rope_base)
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
-        routers = [block.attn.router for block in self.blocks if block.attn.router is not None]
-        router_modules = {module for router in routers for module in router.modules()}
-        for module in self.modules():
-            if module not in router_modules:
-                self._init_weights(module)
-        for name, p in self.named_parameters():
-            if name.endswith("proj.weight"):  # GPT-2: scale the residual projections
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
-        with torch.random.fork_rng(devices=[]):  # the routers' draws leave the RNG as a router-less init does
-            for router in routers:
-                router.reset_parameters()
-
-    @staticmethod
-    def _init_weights(module):
-        if isinstance(module, nn.Linear):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
-
-    def num_params(self):
-        return sum(p.numel() for p in self.parameters())
-
-    def forward(self, idx, targets=None, penalty_weight=0.0, router_budget=0.0, force_global=False, cache=None):
-        """idx: (B, T) token ids. targets: (B, T), -1 = ignored. The loss is lm_loss + penalty, the penalty
-        penalty_weight * mean over routed layers of max(0, mean_p(layer) - router_budget), mean_p(layer) the
-        layer's mean router probability: with the default budget 0 a plain L1 push towards local; with a budget,
-        no layer is pushed below that rate (per layer, so one busy layer cannot hide another's collapse).
-        penalty_weight: a number, or a tensor with one weight per layer with a learned router.
-        force_global: every routed head of this call runs full attention (the router still gets its
-        straight-through gradient).
-        cache: list of KVCache (generation); positions continue from what the cache has seen."""
-        B, T = idx.shape
-        start = cache[0].length if cache else 0
-        if start + T > self.config.block_size:
-            raise ValueError(f"sequence of {start + T} tokens is longer than block_size={self.config.block_size}")
-        x = self.wte(idx)
-        if self.wpe is not None:
-            x, cos, sin = x + self.wpe(torch.arange(start, start + T, device=idx.device)), None, None
-        else:
-            cos, sin = self.rope_cos[start:start + T], self.rope_sin[start:start + T]
-        x = self.drop(x)
-        gates, probs = [], []
-        for i, block in enumerate(self.blocks):
-            x, hard, p = block(x, cos, sin, force_global, cache[i] if cache else None)
-            gates.append(hard)
-            probs.append(p)
-        x = self.ln_f(x)
-        mode = routed_mode(self.config, force_global, generating=bool(cache))
-        if targets is None:
-            return GPTOutput(logits=self.lm_head(x[:, -1:]), gates=gates, probs=probs, seq_len=T, routed_mode=mode)
-        logits = self.lm_head(x)
-        lm_loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
-        layer_p = [p.mean() for p in probs if p is not None]
-        layer_p = torch.stack(layer_p) if layer_p else lm_loss.new_zeros(1)
-        weight = torch.as_tensor(penalty_weight, dtype=layer_p.dtype, device=layer_p.device)
-        penalty = (weight * torch.clamp(layer_p - router_budget, min=0.0)).mean()
-        return GPTOutput(logits, lm_loss + penalty, lm_loss, penalty, layer_p.mean(), gates, probs, T, mode)
-
-    def new_cache(self, capacity=None):
-        """One KVCache per layer, for up to `capacity` positions (default block_size)."""
-        cfg = self.config
-        return [KVCache(kind, capacity or cfg.block_size, cfg.window, cfg.n_sink) for kind in cfg.kinds]
-
-    @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_kv_cache=True, generator=None,
-                 timings=None):
-        """Sample tokens after idx (B, T). The context is the last block_size tokens at most; once it would
-        grow past block_size it restarts from its last block_size // 2 tokens (positions from 0 again). With the
-        KV cache, each new token reads the cached keys; a restart refills the cache from the kept tokens, once per
-        block_size // 2 new tokens. Both paths see the same context, so they give the same tokens at
-        temperature 0. timings: a dict to fill with seconds and tokens of prefill (cache fills) and decode, and
-        the cache's bytes."""
-        block = self.config.block_size
-        start, cache = max(0, idx.shape[1] - block), None
-        clock = {"prefill_s": 0.0, "prefill_tokens": 0, "decode_s": 0.0, "decode_tokens": 0, "cache_bytes": 0}
-        for i in range(max_new_tokens):
-            if idx.shape[1] - start > block:
-                start, cache = idx.shape[1] - block // 2, None
-            tic = time.perf_counter()
-            if not use_kv_cache or cache is None:
-                context = idx[:, start:]
-                if use_kv_cache:
-                    cache = self.new_cache(min(block, context.shape[1] + max_new_tokens - i))
-                logits = self(context, cache=cache).logits
-                phase, fed = "prefill", context.shape[1]
-            else:
-                logits = self(idx[:, -1:], cache=cache).logits
-                phase, fed = "decode", 1
-            logits = logits[:, -1].float()
-            if temperature == 0:
-                next_id = logits.argmax(-1, keepdim=True)
-            else:
-                logits = logits / temperature
-                if top_k is not None:
-                    kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
-                    logits = logits.masked_fill(logits < kth, float("-inf"))
-                next_id = torch.multinomial(logits.softmax(-1), 1, generator=generator)
-            idx = torch.cat([idx, next_id], dim=1)
-            if idx.is_cuda:
-                torch.cuda.synchronize()  # kernels run asynchronously: time what they did
-            clock[f"{phase}_s"] += time.perf_counter() - tic
-            clock[f"{phase}_tokens"] += fed * idx.shape[0]
-            clock["cache_bytes"] = max(clock["cache_bytes"], sum(c.bytes for c in cache) if cache else 0)
-        if timings is not None:
-            timings.update(clock)
-        return idx
+def check_model_config(cfg):
+    """Values of a GPTConfig that cannot work, each with a one-line error naming the key."""
+    for key in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+        if getattr(cfg, key) < 1:
+            raise ValueError(f"{key}={getattr(cfg, key)} must be at least 1")
+    if not 0.0 <= cfg.dropout < 1.0:
+        raise ValueError(f"dropout={cfg.dropout} must be in [0, 1)")
+    if not 0.0 <= cfg.router_threshold <= 1.0:
+        raise ValueError(f"router_threshold={cfg.router_threshold} must be in [0, 1]")
+    if cfg.router_init_std < 0 or not cfg.rope_base > 0:
+        raise ValueError(f"router_init_std={cfg.router_init_std} must not be negative and "
+                         f"rope_base={cfg.rope_base} must be positive")
+    if cfg.attention_backend not in BACKENDS:
+        raise ValueError(f"attention_backend={cfg.attention_backend!r}: use one of {', '.join(BACKENDS)}")
+    if not cfg.schedule or set(cfg.schedule) - set(KIND_OF_LETTER):
+        raise ValueError(f"schedule={cfg.schedule!r}: use the letters G (dense), L (local), R (routed)")
+    if cfg.n_embd % cfg.n_head:
+        raise ValueError(f"n_embd={cfg.n_embd} must be divisible by n_head={cfg.n_head}")
+    if cfg.position_embedding not in ("rope", "learned"):
+        raise ValueError(f"position_embedding={cfg.position_embedding!r}: use 'rope' or 'learned'")
+    if cfg.gelu_approximate not in ("none", "tanh"):
+        raise ValueError(f"gelu_approximate={cfg.gelu_approximate!r}: use 'none' or 'tanh'")
+    if cfg.position_embedding == "rope" and (cfg.n_embd // cfg.n_head) % 2:
+        raise ValueError("head size n_embd // n_head must be even for rotary embeddings")
+    if not 1 <= cfg.window <= cfg.block_size:
+        raise ValueError(f"window={cfg.window} must be between 1 and block_size={cfg.block_size}; "
+                         "a window as long as the block is dense attention (schedule 'G')")
+    if not 0 <= cfg.n_sink <= cfg.window:
+        raise ValueError(f"n_sink={cfg.n_sink} must be between 0 and window={cfg.window}")
+    if cfg.routing not in ("learned", "random"):
+        raise ValueError(f"routing={cfg.routing!r}: use 'learned' or 'random'")
+    if not 0.0 <= cfg.router_explore <= 1.0:
+        raise ValueError(f"router_explore={cfg.router_explore} must be a fraction in [0, 1]")
+    if cfg.routed_mode not in ("exact", "sparse"):
+        raise ValueError(f"routed_mode={cfg.routed_mode!r}: use 'exact' or 'sparse'")
+    rates = cfg.random_global_q if isinstance(cfg.random_global_q, list) else [cfg.random_global_q]
+    if isinstance(cfg.random_global_q, list) and len(rates) != cfg.n_layer:
+        raise ValueError(f"random_global_q has {len(rates)} rates for {cfg.n_layer} layers: give one per layer")
+    if not all(isinstance(q, (int, float)) and 0.0 <= q <= 1.0 for q in rates):
+        raise ValueError(f"random_global_q={cfg.random_global_q} must be a probability (or one per layer)")

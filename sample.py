@@ -13,6 +13,7 @@ from nanoaha.configurator import parse_args_or_exit, run_main
 from data.tokens import codec
 from nanoaha.device import pick_device
 from nanoaha.formatting import human_bytes, percent
+from nanoaha.generation_timing import timed_generate
 from nanoaha.routing_stats import global_heads_per_token
 
 
@@ -75,9 +76,9 @@ def main(argv):
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     n_routed = sum(kind == "routed" for kind in model.config.kinds)
     for i in range(cfg.num_samples):
-        timings = {}
-        tokens = model.generate(idx, cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.use_kv_cache, generator,
-                                timings)[0]
+        tokens, timings = timed_generate(model, idx, cfg.max_new_tokens, cfg.temperature, cfg.top_k,
+                                         cfg.use_kv_cache, generator)
+        tokens = tokens[0]
         if cfg.show_routing and n_routed:
             with torch.no_grad():
                 counts = global_heads_per_token(model(tokens[None, -model.config.block_size:]))[0].tolist()

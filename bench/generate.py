@@ -24,6 +24,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
 from nanoaha.checkpoint import load_model  # noqa: E402
 from nanoaha.formatting import percent  # noqa: E402
+from nanoaha.generation_timing import timed_generate  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
 
@@ -32,10 +33,8 @@ def measure(model, context, batch, new_tokens, repeats):
     prompt = prompt.to(next(model.parameters()).device)
     runs = []
     for _ in range(repeats):
-        timings = {}
         torch.manual_seed(0)  # random routing draws the same gates each repeat
-        model.generate(prompt, new_tokens, temperature=0, timings=timings)
-        runs.append(timings)
+        runs.append(timed_generate(model, prompt, new_tokens, temperature=0)[1])
     prefill = statistics.median(r["prefill_s"] for r in runs)
     decode = statistics.median(r["decode_s"] for r in runs)
     return {"prefill_ms": prefill * 1e3, "decode_tok_s": (new_tokens - 1) * batch / decode,

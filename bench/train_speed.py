@@ -17,7 +17,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from model import GPT, GPTConfig  # noqa: E402
 from nanoaha.formatting import percent  # noqa: E402
-from train import TrainConfig, configure_optimizer  # noqa: E402
+from nanoaha.train_config import TrainConfig  # noqa: E402
+from nanoaha.training import configure_optimizer  # noqa: E402
 
 
 def tokens_per_second(config, batch_size, steps, warmup, device, dtype):

@@ -21,24 +21,22 @@ BACKENDS = ("auto", "reference", "torch", "triton")
 MODES = ("exact", "sparse")
 
 
-TRITON_HEAD_DIMS = (16, 32, 64, 128)
-
-
 def resolve_backend(backend, device, head_dim):
     if backend not in BACKENDS:
         raise ValueError(f"unknown attention backend {backend!r}; choose one of {BACKENDS}")
     if backend == "auto":
-        fits = device.type == "cuda" and head_dim in TRITON_HEAD_DIMS and _triton_available()
-        return "triton" if fits else "torch"
+        return "triton" if device.type == "cuda" and _triton_fits(head_dim) else "torch"
     return backend
 
 
-def _triton_available():
+def _triton_fits(head_dim):
+    """Triton is installed and has kernels for this head dim. Imported here, not at the top: the Triton modules
+    need triton, which a CPU install may lack."""
     try:
-        import triton  # noqa: F401
+        from kernels.triton_common import HEAD_DIMS
     except ImportError:
         return False
-    return True
+    return head_dim in HEAD_DIMS
 
 
 def check_arguments(q, k, v, kind, window, n_sink, gate, mode):

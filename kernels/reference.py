@@ -1,7 +1,11 @@
 """Reference attention: explicit (T, T) masks, fp32 softmax, obviously correct and O(T^2).
 
-Every faster backend is tested against this file. Conventions (shared/docs/reference.md section 5):
-a local query at position t sees keys t-window+1 .. t plus the first n_sink positions; gate 1 = global.
+Every faster backend is tested against this file, so it fixes the conventions every part of the project uses:
+- a local query at position t sees keys t-window+1 .. t (window keys, itself included), plus the first n_sink
+  positions;
+- gate 1 = global (full causal attention), 0 = local;
+- the global fraction is global (token, head) decisions / all decisions over the routed layers; the attention
+  FLOP fraction weights each decision by the keys it reads.
 """
 import torch
 

@@ -14,10 +14,6 @@ import torch
 from nanoaha.atomic_files import atomic_write
 from model import GPT, GPTConfig
 
-# state-dict keys renamed since checkpoints were first written: old name -> new name
-RENAMED_KEYS = {".router.proj.": ".router.logits."}
-
-
 def checkpoint_path(path):
     """A run's folder or a checkpoint file -> the file."""
     return os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path
@@ -60,19 +56,10 @@ def load_checkpoint(path, device):
         raise ValueError(f"checkpoint {path} cannot be read ({e}); it is corrupt or not a nanoAHA checkpoint") from None
 
 
-def _renamed(state_dict):
-    out = {}
-    for key, value in state_dict.items():
-        for old, new in RENAMED_KEYS.items():
-            key = key.replace(old, new)
-        out[key] = value
-    return out
-
-
 def load_model_state(model, state_dict, source, allow_new_routers=False):
     """Load weights, failing with a clear message when the shapes belong to another model.
     allow_new_routers: a dense or local checkpoint fine-tuned into a routed model; its routers start fresh."""
-    state_dict, own = _renamed(state_dict), model.state_dict()
+    own = model.state_dict()
     for key, value in state_dict.items():
         if key in own and own[key].shape != value.shape:
             raise ValueError(f"checkpoint {source} has {key} of shape {tuple(value.shape)}, this model "
@@ -88,11 +75,10 @@ def load_model_state(model, state_dict, source, allow_new_routers=False):
 
 def load_model(path, device, router_threshold=None):
     """The model a checkpoint holds, in eval mode on `device`, and the checkpoint's data meta.
-    router_threshold overrides the trained threshold (a speed/quality trade-off at inference)."""
+    router_threshold: the model is built with this threshold instead of the trained one (a speed/quality
+    trade-off at inference)."""
     ckpt = load_checkpoint(path, device)
-    config = GPTConfig(**ckpt["model_config"])
-    if router_threshold is not None:
-        config.router_threshold = router_threshold
-    model = GPT(config)
+    overrides = {} if router_threshold is None else {"router_threshold": router_threshold}
+    model = GPT(GPTConfig(**{**ckpt["model_config"], **overrides}))
     load_model_state(model, ckpt["model"], checkpoint_path(path))
     return model.to(device).eval(), ckpt["data_meta"]

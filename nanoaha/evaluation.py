@@ -62,8 +62,8 @@ def run_name(path):
 
 def trained_data_dir(path):
     """The corpus a checkpoint was trained on: train.py's data_dir, or data/<dataset>."""
-    train_config = load_checkpoint(path, "cpu").get("train_config") or {}
-    return train_config.get("data_dir") or os.path.join(ROOT, "data", train_config.get("dataset", "python_stdlib"))
+    train_config = load_checkpoint(path, "cpu")["train_config"]
+    return train_config["data_dir"] or os.path.join(ROOT, "data", train_config["dataset"])
 
 
 def eval_data(data_dir, config, source):
@@ -93,11 +93,12 @@ def rng_devices(model):
 
 
 @torch.no_grad()
-def evaluate_loss(model, batches, autocast=None, force_global=False):
+def evaluate_loss(model, batches, autocast=None, force_global=False, router_threshold=None):
     """Mean LM loss over the scored targets of the batches and their mean routing_stats. Random routing draws
     from a forked RNG seeded 0: the same gates on every call, and the caller's RNG does not move. The model's
     train/eval mode is left as it was. Routed layers run 'sparse' here (no gradient): 'computed' FLOPs count
-    the mode the model trains in, 'model_inference_flop_frac' what this evaluation computed."""
+    the mode the model trains in, 'model_inference_flop_frac' what this evaluation computed.
+    router_threshold: the routers' threshold for this evaluation (None: the model's)."""
     device, training = next(model.parameters()).device, model.training
     model.eval()
     loss_sum, scored, stats = 0.0, 0, []
@@ -106,7 +107,7 @@ def evaluate_loss(model, batches, autocast=None, force_global=False):
         for x, y in batches:
             x, y = x.to(device), y.to(device)
             with autocast or nullcontext():
-                out = model(x, y, force_global=force_global)
+                out = model(x, y, force_global=force_global, router_threshold=router_threshold)
             n = int((y != -1).sum())
             loss_sum, scored = loss_sum + out.lm_loss.item() * n, scored + n
             stats.append(routing_stats(out, model.config, mode=model.config.routed_mode))
@@ -124,22 +125,18 @@ def has_learned_router(config):
 
 
 def threshold_sweep(model, batches, thresholds, autocast=None):
-    """Loss, global fraction and attention FLOPs of one trained model at each router threshold (the model's
-    threshold is put back afterwards); [] for a model without learned routers."""
+    """Loss, global fraction and attention FLOPs of one trained model at each router threshold; [] for a model
+    without learned routers."""
     check_thresholds(thresholds)
     if not has_learned_router(model.config):
         return []
-    trained, rows = model.config.router_threshold, []
-    try:
-        for threshold in thresholds:
-            model.config.router_threshold = threshold  # the routers share the model's config
-            loss, stats = evaluate_loss(model, batches, autocast)
-            summary = routing_summary(stats, model.config.kinds)
-            rows.append({"threshold": float(threshold), "val_loss": loss, "global_frac": summary["global_frac"],
-                         "attention_flop_frac_ideal": summary["attention_flop_frac_ideal"],
-                         "attention_flop_frac_computed": summary["attention_flop_frac_computed"]})
-    finally:
-        model.config.router_threshold = trained
+    rows = []
+    for threshold in thresholds:
+        loss, stats = evaluate_loss(model, batches, autocast, router_threshold=threshold)
+        summary = routing_summary(stats, model.config.kinds)
+        rows.append({"threshold": float(threshold), "val_loss": loss, "global_frac": summary["global_frac"],
+                     "attention_flop_frac_ideal": summary["attention_flop_frac_ideal"],
+                     "attention_flop_frac_computed": summary["attention_flop_frac_computed"]})
     return rows
 
 

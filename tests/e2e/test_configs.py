@@ -6,7 +6,7 @@ from helpers import flags
 from model import GPTConfig
 from nanoaha import checkpoint
 from nanoaha.configurator import parse_args
-from train import TrainConfig
+from nanoaha.train_config import TrainConfig
 
 SHRINK = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 64, "window": 16, "batch_size": 2,
           "max_iters": 2, "eval_interval": 2, "eval_iters": 1, "warmup_iters": 1, "router_lambda_start": 0,

@@ -13,7 +13,7 @@ from helpers import ROOT, flags, run_in_own_session
 from model import GPTConfig
 from nanoaha import checkpoint
 from nanoaha.configurator import parse_args
-from train import TrainConfig
+from nanoaha.train_config import TrainConfig
 
 TINY = {"block_size": 32, "window": 8, "n_layer": 2, "n_head": 2, "n_embd": 32, "batch_size": 2, "eval_iters": 1,
         "eval_interval": 3, "log_interval": 1, "warmup_iters": 2, "lr_decay_iters": 6, "learning_rate": 3e-3,

@@ -13,7 +13,7 @@ from data.tokens import write_meta, write_tokens
 from helpers import Script, run_script, train_configs
 from model import GPT
 from nanoaha import checkpoint
-from train import TrainingStopped
+from nanoaha.training import TrainingStopped
 
 TINY = ["--block_size=32", "--window=8", "--n_layer=1", "--n_embd=32", "--n_head=2", "--eval_iters=1",
         "--batch_size=2", "--tensorboard=False", "--device=cpu"]

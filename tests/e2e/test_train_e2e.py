@@ -10,7 +10,8 @@ from helpers import run_script, tiny_train_configs
 from model import GPT, GPTConfig
 from nanoaha import checkpoint
 from nanoaha.configurator import parse_args
-from train import LambdaController, TrainConfig, lr_at
+from nanoaha.train_config import TrainConfig
+from nanoaha.training import LambdaController, lr_at
 
 
 def test_short_training_lowers_the_loss_at_the_scheduled_learning_rate(tmp_path, tiny_corpus, capsys, monkeypatch):

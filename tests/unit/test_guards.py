@@ -9,7 +9,7 @@ from data.tokens import write_meta, write_tokens
 from model import GPTConfig
 from nanoaha.configurator import ConfigError, parse_args
 from sample import SampleConfig
-from train import TrainConfig
+from nanoaha.train_config import TrainConfig
 
 
 @pytest.mark.parametrize("setting", ["batch_size=0", "eval_interval=0", "log_interval=0", "grad_accum=0",

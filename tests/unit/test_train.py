@@ -10,7 +10,8 @@ from model import GPTConfig
 from nanoaha import checkpoint, device, routing_stats
 from nanoaha.configurator import ConfigError, parse_args
 from nanoaha.routing_stats import warn_collapse
-from train import TrainConfig, lr_at
+from nanoaha.train_config import TrainConfig
+from nanoaha.training import lr_at
 
 
 def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):

@@ -1,0 +1,138 @@
+"""The pieces of training that are not the loop (train.py is the loop): the learning-rate and router-penalty
+schedules, the budget-targeted lambda controller, the optimizer, stopping on a signal, and the checks and RNG
+restore of resuming."""
+import math
+import signal
+import threading
+
+import torch
+
+
+def lr_at(it, cfg):
+    """Linear warm-up to learning_rate over warmup_iters, then cosine decay to min_lr at lr_decay_iters
+    (0: max_iters), min_lr after."""
+    decay_iters = cfg.lr_decay_iters or cfg.max_iters
+    if it < cfg.warmup_iters:
+        return cfg.learning_rate * (it + 1) / cfg.warmup_iters
+    if it >= decay_iters:
+        return cfg.min_lr
+    ratio = (it - cfg.warmup_iters) / max(1, decay_iters - cfg.warmup_iters)
+    return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (cfg.learning_rate - cfg.min_lr)
+
+
+def lambda_ramp(it, cfg):
+    """The penalty's schedule, a factor in [0, 1]: 0 before router_lambda_start, then a linear ramp."""
+    if it < cfg.router_lambda_start:
+        return 0.0
+    if cfg.router_lambda_ramp <= 0:
+        return 1.0
+    return min(1.0, (it - cfg.router_lambda_start + 1) / cfg.router_lambda_ramp)
+
+
+def router_lambda_at(it, cfg):
+    return cfg.router_lambda * lambda_ramp(it, cfg)
+
+
+def routed_mode_at(it, tcfg, mcfg):
+    """The mode routed layers train in at step it: 'exact' before sparse_from_iter, then the model's."""
+    return "exact" if it < tcfg.sparse_from_iter else mcfg.routed_mode
+
+
+class LambdaController:
+    """Budget-targeted routing: one lambda per routed layer (or one shared) that moves each step towards the value
+    at which the measured global fraction meets the target: up while the layer is more global than the target,
+    down while less, and below zero (a reward for going global) if a layer stays under the target, so a layer
+    that closed can reopen. lambda = router_lambda * sinh(u) / sinh(1) with u += rate * error (relative error,
+    clipped to [-1, 1]): steps are multiplicative for a large lambda and additive around zero."""
+
+    def __init__(self, cfg, n_layers):
+        self.target, self.rate, self.scale = cfg.router_target_global, cfg.router_target_rate, cfg.router_lambda
+        self.per_layer = cfg.router_target_per_layer
+        self.u_max = math.asinh(cfg.router_lambda_max / self.scale * math.sinh(1.0))
+        self.u = torch.ones(n_layers if self.per_layer else 1)
+
+    @property
+    def lam(self):
+        return self.scale * torch.sinh(self.u) / math.sinh(1.0)
+
+    def update(self, global_fracs):
+        """global_fracs: (n_layers,) the step's global fraction of each routed layer with a learned router."""
+        frac = global_fracs if self.per_layer else global_fracs.mean(0, keepdim=True)
+        error = ((frac - self.target) / self.target).clamp(-1.0, 1.0)
+        self.u = (self.u + self.rate * error).clamp(-self.u_max, self.u_max)
+
+    def weights(self, n_layers):
+        return self.lam if self.per_layer else self.lam.expand(n_layers)
+
+
+class TrainingStopped(Exception):
+    """A run that ends early for a reason the user acts on (divergence, a signal): one line and an exit status."""
+
+    def __init__(self, message, exit_code=1):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class StopSignals:
+    """SIGTERM (a cluster's preemption) and SIGINT (Ctrl-C) set a flag that the loop reads after each step: the
+    run saves a checkpoint at that step and stops. A second signal interrupts at once."""
+
+    def __init__(self):
+        self.received, self.previous = None, {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self.previous[sig] = signal.signal(sig, self.handle)
+        return self
+
+    def handle(self, signum, frame):
+        if self.received is not None:
+            raise KeyboardInterrupt
+        self.received = signum
+
+    def __exit__(self, *exc):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
+IDENTITY_KEYS = ("encoding", "vocab_size", "dtype", "eot_token", "train_tokens", "val_tokens", "example_len")
+
+
+def check_same_data(saved_meta, meta, ckpt_path):
+    """Resuming on another corpus is refused: the fields of meta.json that identify the data must match."""
+    differ = {k: (saved_meta[k], meta[k]) for k in IDENTITY_KEYS
+              if k in saved_meta and k in meta and saved_meta[k] != meta[k]}
+    if differ:
+        raise ValueError(f"cannot resume {ckpt_path}: it was trained on other data (meta.json, checkpoint vs now: "
+                         f"{differ}); point dataset/data_dir at that corpus, or fine-tune on this one with "
+                         f"--init_from={ckpt_path}")
+
+
+def restore_rng(rng, generator, rank, world, seed, iter_num):
+    """Restore the RNG states a checkpoint saved: the shared one (data windows, forced-global steps) and this
+    rank's torch (and CUDA) state. With another number of processes the per-rank states cannot be matched to
+    ranks, so every rank is re-seeded from the step and its rank; returns the message that says so, or None."""
+    generator.set_state(rng["data"])
+    torch_states, cuda_states = rng["torch"], rng["cuda"]  # one per rank
+    if len(torch_states) == world:
+        torch.set_rng_state(torch_states[rank])
+        if torch.cuda.is_available() and cuda_states[rank] is not None:
+            torch.cuda.set_rng_state(cuda_states[rank])
+        return None
+    torch.manual_seed(seed + 1_000_003 * (iter_num + 1) + rank)
+    return (f"resuming a run of {len(torch_states)} process(es) with {world}: random routing and dropout are "
+            f"re-seeded from step {iter_num} and the rank")
+
+
+def weights_finite(model):
+    return all(bool(torch.isfinite(p).all()) for p in model.parameters())
+
+
+def configure_optimizer(model, cfg, device_type):
+    """AdamW; weight decay on matrices only (not on norms, biases or the router's bias)."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2),
+                             fused=device_type == "cuda")

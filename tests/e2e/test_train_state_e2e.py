@@ -1,0 +1,52 @@
+"""What a training step leaves in the run's state (each test trains a tiny model for a few steps): the lambda
+controller ignores forced-global steps, and a run in sparse_from_iter's exact steps records the mode it trains
+towards without ever writing the model's config."""
+import json
+
+import pytest
+
+import train
+from helpers import train_configs
+from model import GPTConfig
+from nanoaha import checkpoint
+
+TINY = {"block_size": 16, "window": 4, "n_layer": 1, "n_head": 2, "n_embd": 16, "batch_size": 2, "eval_iters": 1,
+        "eval_interval": 100, "log_interval": 100, "warmup_iters": 1, "tensorboard": False, "progress_bar": False,
+        "device": "cpu"}
+
+
+def configs(out_dir, corpus, **overrides):
+    values = {"data_dir": str(corpus), "out_dir": str(out_dir), **TINY, **overrides}
+    return train_configs(values)
+
+
+def router_lambdas(out_dir):
+    with open(out_dir / "train_summary.json") as f:
+        return json.load(f)["router_lambdas"]
+
+
+def test_the_lambda_controller_ignores_forced_global_steps(tmp_path, tiny_corpus):
+    """Every step forced global (p_dense=1): the routers' choice was overridden, so the lambdas must stay at
+    router_lambda; the same run without forced steps moves them (all global at init, above the target)."""
+    common = {"max_iters": 2, "router_target_global": 0.25, "router_lambda": 0.01, "router_lambda_ramp": 0}
+    train.train(*configs(tmp_path / "forced", tiny_corpus, p_dense=1.0, **common))
+    assert router_lambdas(tmp_path / "forced") == [pytest.approx(0.01)]
+    assert checkpoint.load_checkpoint(str(tmp_path / "forced"), "cpu")["router_lambda_state"].tolist() == [1.0]
+    train.train(*configs(tmp_path / "free", tiny_corpus, p_dense=0.0, **common))
+    assert router_lambdas(tmp_path / "free")[0] > 0.01
+
+
+def test_a_checkpoint_in_the_exact_steps_of_sparse_from_iter_records_sparse(tmp_path, tiny_corpus, monkeypatch):
+    """Checkpoints at steps 0 and 2 of a run that trains exact until step 4, then sparse: they record the mode
+    the run trains towards, and nothing writes the model's config meanwhile (it is the run's given config)."""
+    tcfg, mcfg = configs(tmp_path, tiny_corpus, max_iters=2, routed_mode="sparse", sparse_from_iter=4,
+                         eval_interval=2)
+
+    def refuse(self, name, value):
+        raise AssertionError(f"config.{name} written at run time")
+
+    monkeypatch.setattr(GPTConfig, "__setattr__", refuse)
+    train.train(tcfg, mcfg)
+    for name in ("ckpt.pt", checkpoint.BEST_NAME):
+        ckpt = checkpoint.load_checkpoint(str(tmp_path / name), "cpu")
+        assert ckpt["model_config"]["routed_mode"] == "sparse" and ckpt["iter_num"] in (0, 2)
