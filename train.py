@@ -9,6 +9,7 @@ Every setting is a field of nanoaha/train_config.TrainConfig or of model.GPTConf
 # loads what it starts from (resume, GPT-2 weights, a checkpoint to fine-tune); train_loop() then evaluates and
 # saves (evaluate_and_save) every eval_interval steps, takes one guarded step at a time (train_step) and logs
 # (log_step). Schedules, the lambda controller and the resume checks live in nanoaha/training.py.
+import gc
 import math
 import os
 import signal
@@ -122,11 +123,29 @@ def train(tcfg, mcfg):
                 torch.cuda.set_device(device)
         else:
             rank, world, device = 0, 1, pick_device(tcfg.device)
+        run, finished = None, False
         try:
-            return train_loop(setup(tcfg, mcfg, ddp, rank, world, device), signals)
+            run = setup(tcfg, mcfg, ddp, rank, world, device)
+            result = train_loop(run, signals)
+            finished = True
+            return result
         finally:
             if ddp:
-                dist.destroy_process_group()
+                end_ddp(run, finished)
+
+
+def end_ddp(run, finished):
+    """Tear DDP down in one order on every rank. The DDP wrapper's reducer holds the process group and its pending
+    work: left to the garbage collector, it can be destroyed while the interpreter shuts down, after the group,
+    and gloo then aborts the process ("terminate called without an active exception", exit status 1 after a
+    finished run). So the wrapper goes first; after a finished run the ranks then wait for each other (rank 0
+    still writes the last checkpoint while the others are done), and only then is the group destroyed."""
+    if run is not None:
+        run.model = None
+    gc.collect()
+    if finished:
+        dist.barrier()
+    dist.destroy_process_group()
 
 
 def setup(tcfg, mcfg, ddp, rank, world, device):
