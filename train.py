@@ -232,6 +232,9 @@ def resume(run):
     if ckpt["scaler"] is not None:
         run.scaler.load_state_dict(ckpt["scaler"])
     run.iter_num, run.best_val, run.val_history = ckpt["iter_num"], ckpt["best_val_loss"], ckpt["val_history"]
+    # what the folder holds, for the divergence message: the resumed checkpoint, the best of the earlier steps
+    run.saved_step = run.iter_num if resumed_from == run.ckpt_path else None
+    run.best_step = next((step for step, loss in run.val_history if loss == run.best_val), None)
     if run.controller is not None and ckpt["router_lambda_state"] is not None:
         run.controller.u = ckpt["router_lambda_state"]
     message = restore_rng(ckpt["rng"], run.generator, run.rank, run.world, tcfg.seed, run.iter_num)
@@ -345,11 +348,13 @@ def skip_step(run, bad_loss):
         tqdm.write(f"WARNING step {run.iter_num}: non-finite {'loss' if bad_loss else 'gradient'}, step skipped "
                    f"({run.nonfinite_run} in a row, {run.nonfinite_total} in all)")
     if run.nonfinite_run >= run.tcfg.max_nonfinite_steps:
-        kept = f"{run.ckpt_path} holds step {run.saved_step} and {run.best_path} step {run.best_step} (val loss " \
-            f"{run.best_val:.4f})" if run.saved_step is not None else "no checkpoint was written"
+        kept = [f"{run.ckpt_path} holds step {run.saved_step}"] if run.saved_step is not None else []
+        if run.best_step is not None:
+            kept.append(f"{run.best_path} holds step {run.best_step} (val loss {run.best_val:.4f})")
         raise TrainingStopped(
             f"the run diverged: {run.nonfinite_run} non-finite steps in a row at step {run.iter_num}; lower "
-            f"learning_rate={run.tcfg.learning_rate:g} or raise warmup_iters={run.tcfg.warmup_iters}; {kept}")
+            f"learning_rate={run.tcfg.learning_rate:g} or raise warmup_iters={run.tcfg.warmup_iters}; "
+            f"{' and '.join(kept) or 'no checkpoint was written'}")
 
 
 def update_controller(run, out, force_global):
@@ -417,7 +422,10 @@ def evaluate_and_save(run, final=False):
     finite = math.isfinite(val_loss)
     is_best = finite and val_loss < run.best_val
     run.best_val = min(run.best_val, val_loss) if finite else run.best_val
-    run.val_history.append([it, val_loss])
+    if run.val_history and run.val_history[-1][0] == it:  # resumed at an evaluation's step: evaluated again
+        run.val_history[-1] = [it, val_loss]
+    else:
+        run.val_history.append([it, val_loss])
     run.last_eval = {"val_loss": val_loss, "routing": stats}
     if run.master:
         tqdm.write(f"step {it}: val loss {val_loss:.4f} | {format_routing(stats)}")

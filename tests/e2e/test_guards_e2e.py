@@ -176,3 +176,22 @@ def test_float16_trains_with_a_gradient_scaler_and_resumes_it(tmp_path, tiny_cor
     result = train.train(*configs(tmp_path, tiny_corpus, max_iters=4, n_layer=1, dtype="float16",
                                   init_from="resume"))
     assert math.isfinite(result["val_loss"])
+
+
+def test_a_resumed_run_that_diverges_names_the_checkpoints_its_folder_holds(tmp_path, tiny_corpus):
+    train.train(*configs(tmp_path, tiny_corpus, max_iters=2, eval_interval=2))
+    history = json.load(open(tmp_path / "out" / "train_summary.json"))["val_history"]
+    best_step = min(history, key=lambda entry: entry[1])[0]
+    with pytest.raises(TrainingStopped) as stopped:
+        train.train(*configs(tmp_path, tiny_corpus, max_iters=200, eval_interval=100, learning_rate=1e3,
+                             warmup_iters=1, max_nonfinite_steps=3, init_from="resume"))
+    message = str(stopped.value)
+    assert "None" not in message and f"ckpt.pt holds step 2 and " in message, message
+    assert f"{checkpoint.BEST_NAME} holds step {best_step} (val loss" in message, message
+
+
+def test_resuming_at_an_evaluations_step_records_it_once(tmp_path, tiny_corpus):
+    train.train(*configs(tmp_path, tiny_corpus, max_iters=4, eval_interval=2))
+    train.train(*configs(tmp_path, tiny_corpus, max_iters=6, eval_interval=2, init_from="resume"))
+    summary = json.load(open(tmp_path / "out" / "train_summary.json"))
+    assert [step for step, _ in summary["val_history"]] == [0, 2, 4, 6]
