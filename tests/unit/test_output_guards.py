@@ -146,13 +146,15 @@ def test_a_run_stopped_by_the_runners_signal_is_interrupted_not_failed(tmp_path,
     path = write_grid(tmp_path / "g.py", {"local": {"schedule": "L"}}, {"max_iters": 5})
     grid = load_grid(path)
     (job,) = plan(grid, str(tmp_path / "out"))
+    stop = type(runner.stop_requested)()
+    monkeypatch.setattr(runner, "stop_requested", stop)
     monkeypatch.setattr(runner, "launch", lambda *args: code)
-    monkeypatch.setattr(runner, "stop_requested", type(runner.stop_requested)())
     assert runner.execute(job, grid, str(tmp_path / "out"), log=lambda line: None).startswith(
         "interrupted" if code > 0 else "failed")  # not asked to stop: a killed process failed
-    runner.stop_requested.set()
+    monkeypatch.setattr(runner, "launch", lambda *args: (stop.set(), code)[1])  # the runner stops it meanwhile
     assert runner.execute(job, grid, str(tmp_path / "out"), log=lambda line: None).startswith("interrupted")
     # its evaluation stopped the same way
+    stop.clear()
     os.makedirs(job.out_dir)
     open(os.path.join(job.out_dir, "ckpt.pt"), "w").close()
     write_json(os.path.join(job.out_dir, "train_summary.json"), {"complete": True, "max_iters": 5, "iter_num": 5})
