@@ -194,8 +194,12 @@ def main(argv):
             for job in jobs:
                 print(describe(job, grid, cfg.out))
             return 0
-        with GridLock(os.path.join(cfg.out, grid.name)):  # one runner per grid folder, released on any exit
-            return run_grid(grid, jobs, cfg, argv)
+        with GridLock(os.path.join(cfg.out, grid.name)) as lock:  # one runner per grid, released on any exit
+            runner.child_hook = lock.record_children
+            try:
+                return run_grid(grid, jobs, cfg, argv)
+            finally:
+                runner.child_hook = None
     except GridError as e:
         sys.exit(f"grid error: {e}")
 

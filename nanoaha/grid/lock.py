@@ -58,16 +58,34 @@ class GridLock:
                             f"it to finish or stop it (kill -TERM {holder.get('pid') if holder else 'PID'})") from None
         previous = self._holder()
         if previous:  # left by a runner that died without releasing it (the kernel dropped its flock)
-            dead = previous.get("host") != socket.gethostname() or not isinstance(previous.get("pid"), int) \
-                or not pid_alive(previous["pid"])
+            here = previous.get("host") == socket.gethostname()
+            orphans = [pid for pid in previous.get("children") or [] if here and isinstance(pid, int)
+                       and pid_alive(pid)]
+            if orphans:  # its trainings run in sessions of their own: a SIGKILL of the runner leaves them running
+                fcntl.flock(self.fd, fcntl.LOCK_UN)  # the file keeps naming them
+                os.close(self.fd)
+                self.fd = None
+                raise GridError(f"{self.folder}: the runner that held it ({describe_holder(previous)}) is gone but "
+                                f"its processes {', '.join(map(str, orphans))} still write into its run folders: "
+                                f"stop them first (kill -TERM {' '.join(map(str, orphans))})")
+            dead = not here or not isinstance(previous.get("pid"), int) or not pid_alive(previous["pid"])
             self.log(f"taking over a stale lock {self.path} from {describe_holder(previous)} "
                      f"({'no longer running' if dead else 'not holding it'})")
-        me = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+        self.me = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+        self._write(self.me)
+        return self
+
+    def _write(self, holder):
         os.ftruncate(self.fd, 0)
         os.lseek(self.fd, 0, os.SEEK_SET)
-        os.write(self.fd, (json.dumps(me) + "\n").encode())
+        os.write(self.fd, (json.dumps(holder) + "\n").encode())
         os.fsync(self.fd)
-        return self
+
+    def record_children(self, pids):
+        """The processes the runner is running now (runner.child_hook), so that if the runner is killed, the
+        next one does not start while they still write."""
+        if self.fd is not None:
+            self._write({**self.me, "children": list(pids)})
 
     def release(self):
         if self.fd is not None:

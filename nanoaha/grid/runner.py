@@ -25,6 +25,14 @@ STOPPED_CODES = INTERRUPTED_CODES + (-signal.SIGINT, -signal.SIGTERM)
 THREADS_PER_PROCESS = 1  # OMP_NUM_THREADS of every process: --jobs trainings then use --jobs cores
 
 
+child_hook = None  # called with the pids of the running processes whenever they change (compare.py's GridLock)
+
+
+def _children_changed():
+    if child_hook is not None:
+        child_hook(sorted(proc.pid for proc in _running))
+
+
 def request_stop():
     stop_requested.set()
     with _running_lock:
@@ -43,11 +51,13 @@ def launch(job, step, argv, log_name):
                                     env={**os.environ, "OMP_NUM_THREADS": str(THREADS_PER_PROCESS)},
                                     start_new_session=True)
             _running.add(proc)
+            _children_changed()
             if stop_requested.is_set():
                 proc.send_signal(signal.SIGTERM)
         code = proc.wait()
         with _running_lock:
             _running.discard(proc)
+            _children_changed()
     record = launches(job.out_dir) + [{"step": step, "argv": argv, "cwd": os.getcwd(), "started": time.strftime(
         "%Y-%m-%d %H:%M:%S", time.localtime(started)), "wall_s": round(time.time() - started, 2), "returncode": code}]
     write_json(os.path.join(job.out_dir, "launches.json"), record)
