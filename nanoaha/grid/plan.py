@@ -30,6 +30,7 @@ class Job:
     tcfg: object          # the configs as train.py will see them (special values as placeholders)
     mcfg: GPTConfig
     eval_settings: dict = None  # the "settings" its eval.json must record: those of the grid's evaluate command
+    matched_settings: dict = None  # for a "matched:NAME" run: NAME's eval_settings (its rates come from there)
 
     @property
     def key(self):
@@ -106,6 +107,8 @@ def plan(grid, out_root):
     for job in jobs:
         dep = matched_run(job)
         target = next((j for j in jobs if j.run == dep), None)
+        if target:
+            job.matched_settings = target.eval_settings
         if target and ("R" not in target.mcfg.layer_letters or target.mcfg.n_layer != job.mcfg.n_layer):
             raise GridError(f"{grid.path}: run {job.run}: matched:{dep} needs {dep} to have routed layers and "
                             f"as many layers ({job.mcfg.n_layer})")
@@ -132,8 +135,9 @@ def matched_rates(job, out_root, grid):
     if matched_run(job) is None:
         return None
     result = read_json(eval_json(run_dir(out_root, grid, matched_run(job), job.seed)))
-    if result is None:
-        return None
+    if not isinstance(result, dict) or (job.matched_settings is not None
+                                        and result.get("settings") != job.matched_settings):
+        return None  # not evaluated yet, or not by the grid (another evaluate.py wrote over it): not its rates
     return [0.0 if q is None else round(q, 6) for q in result["global_frac_per_layer"]]
 
 

@@ -17,7 +17,7 @@ from nanoaha.evaluation import evaluate_checkpoint
 from nanoaha.grid import runner
 from nanoaha.grid.gridfile import GridError, load_grid
 from nanoaha.grid.lock import LOCK_NAME, GridLock
-from nanoaha.grid.plan import eval_argv, eval_state, grid_evaluation, plan
+from nanoaha.grid.plan import eval_argv, eval_state, grid_evaluation, plan, train_argv
 from nanoaha.grid.tables import collect
 from test_evaluate import untrained_checkpoint
 
@@ -68,6 +68,21 @@ def test_compare_reads_only_the_evaluation_its_grid_asked_for(tmp_path, prepared
     assert json.load(open(os.path.join(job.out_dir, "eval.json")))["val_loss"] != ours["val_loss"]
     assert grid_evaluation(job) is None and eval_state(job, grid) == "evaluate"  # re-evaluated, never read
     assert collect(job)["val_loss"] is None
+
+
+def test_matched_rates_come_only_from_the_grids_own_evaluation(tmp_path):
+    path = write_grid(tmp_path / "g.py", {"random": {"schedule": "R", "routing": "random",
+                                                     "random_global_q": "matched:routed"},
+                                          "routed": {"schedule": "R"}}, extra="evaluate = {'eval_tokens': 512}\n")
+    grid, out = load_grid(path), str(tmp_path / "out")
+    routed, random = plan(grid, out)
+    os.makedirs(routed.out_dir)
+    for settings, rates in (({**routed.eval_settings, "eval_tokens": 64}, None),  # someone else's evaluation
+                            (routed.eval_settings, "[0.25, 0.5]")):
+        write_json(os.path.join(routed.out_dir, "eval.json"), {"global_frac_per_layer": [0.25, 0.5],
+                                                              "settings": settings})
+        argv = train_argv(random, grid, out)
+        assert (argv and f"--random_global_q={rates}" in argv) if rates else argv is None
 
 
 def test_eval_tokens_are_capped_at_the_val_splits_distinct_windows(tmp_path, prepared_corpus):
