@@ -162,9 +162,20 @@ def check_evaluate(path, evaluate):
         raise GridError(f"{path}: evaluate sets {key}, which the runner sets (each run's eval.json is the "
                         f"grid's); remove it")
     try:
-        parse_args([f"--{k}={format_value(v)}" for k, v in evaluate.items()], EvalConfig)
+        (cfg,) = parse_args([f"--{k}={format_value(v)}" for k, v in evaluate.items()], EvalConfig)
     except ConfigError as e:
         raise GridError(f"{path}: evaluate: {e} (evaluate.py's settings: python evaluate.py --help)") from None
+    from nanoaha.evaluation import check_thresholds
+    low = [key for key in ("eval_tokens", "batch_size", "max_examples") if getattr(cfg, key) < 1] + \
+        (["context_length"] if cfg.context_length < 0 else [])
+    if low:
+        raise GridError(f"{path}: evaluate: {', '.join(f'{k}={getattr(cfg, k)}' for k in low)}: give at least 1 "
+                        f"(context_length: 0 for block_size)")
+    thresholds = [cfg.thresholds] if isinstance(cfg.thresholds, float) else list(cfg.thresholds)
+    try:
+        check_thresholds(thresholds + ([] if cfg.router_threshold is None else [cfg.router_threshold]))
+    except ValueError as e:
+        raise GridError(f"{path}: evaluate: {e}") from None
 
 
 def check_override(path, run, key, value, runs):

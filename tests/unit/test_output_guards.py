@@ -148,6 +148,8 @@ def test_a_second_runner_on_a_grid_names_the_holder_and_a_stale_lock_is_taken_ov
     ({"eval_tokens": "many"}, "eval_tokens' expects int"),
     ({"out_dir": "x"}, "evaluate sets out_dir, which the runner sets"),
     ({"overwrite": True}, "evaluate sets overwrite"),
+    ({"eval_tokens": 0}, "evaluate: eval_tokens=0: give at least 1"),
+    ({"thresholds": [0.5, 1.5]}, "evaluate: router threshold(s) 1.5 outside [0, 1]"),
 ])
 def test_a_typo_in_the_grids_evaluate_dict_is_found_by_load_grid(tmp_path, evaluate, message):
     path = write_grid(tmp_path / "g.py", {"local": {"schedule": "L"}}, extra=f"evaluate = {evaluate!r}\n")
