@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from nanoaha.configurator import parse_args_or_exit, run_main
 from nanoaha.grid import plots, runner
 from nanoaha.grid.gridfile import GridError, load_grid
+from nanoaha.grid.lock import GridLock
 from nanoaha.grid.plan import describe, launches, plan, train_state, window_groups
 from nanoaha.grid.tables import load_rows, record_table, rows_of, save_rows, summary_record_table
 
@@ -193,17 +194,27 @@ def main(argv):
             for job in jobs:
                 print(describe(job, grid, cfg.out))
             return 0
-        for job in jobs:
-            train_state(job, grid, cfg.out)  # refuses run folders trained with another command, before any run
-        started = time.time()
-        previous = {sig: signal.signal(sig, stop_grid) for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            status = runner.run_jobs(jobs, grid, cfg.out, cfg.jobs)
-        finally:  # a caller in this process (a test, a notebook) keeps its own handlers afterwards
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+        with GridLock(os.path.join(cfg.out, grid.name)) as lock:  # one runner per grid, released on any exit
+            runner.child_hook = lock.record_children
+            try:
+                return run_grid(grid, jobs, cfg, argv)
+            finally:
+                runner.child_hook = None
     except GridError as e:
         sys.exit(f"grid error: {e}")
+
+
+def run_grid(grid, jobs, cfg, argv):
+    """Train and evaluate the jobs, write the record; the exit code."""
+    for job in jobs:
+        train_state(job, grid, cfg.out)  # refuses run folders trained with another command, before any run
+    started = time.time()
+    previous = {sig: signal.signal(sig, stop_grid) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        status = runner.run_jobs(jobs, grid, cfg.out, cfg.jobs)
+    finally:  # a caller in this process (a test, a notebook) keeps its own handlers afterwards
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     if runner.stop_requested.is_set():
         print("interrupted: run the same command again to resume (complete runs are skipped)", file=sys.stderr)
         return 130

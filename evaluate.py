@@ -9,12 +9,19 @@ threshold sweep for learned routers, and on synthetic tasks answer accuracy and 
 A path is a checkpoint file, a run folder (its ckpt.pt) or a folder of run folders. With --out_dir, each run's
 JSON goes to OUT_DIR/<run>.json and the table to OUT_DIR/eval.md; without it, each JSON goes next to its
 checkpoint as eval.json and the table is only printed.
+
+Each JSON records the settings that decide its numbers ("settings": data_dir, eval_tokens, thresholds,
+router_threshold, context_length, batch_size, max_examples, dtype). A JSON written with other settings is never
+replaced silently: evaluate.py refuses, before evaluating anything, unless told --overwrite (or write the new
+evaluation elsewhere with --out_dir). A grid run's eval.json belongs to its grid: compare.py re-evaluates a run
+whose eval.json has other settings than the grid's (docs/evaluation.md).
 """
+import json
 import os
 import sys
 from dataclasses import dataclass
 
-from nanoaha.atomic_files import write_json
+from nanoaha.atomic_files import atomic_write, write_json
 from nanoaha.configurator import parse_args_or_exit
 from nanoaha.evaluation import (DEFAULT_EVAL_TOKENS, DEFAULT_THRESHOLDS, check_thresholds, evaluate_checkpoint,
                         find_checkpoints, format_result, markdown_table, run_name, trained_data_dir)
@@ -32,6 +39,38 @@ class EvalConfig:
     router_threshold: float | None = None   # evaluate at this threshold instead of the trained one
     device: str = "auto"
     dtype: str = "float32"                  # evaluation precision and the KV cache's element size
+    overwrite: bool = False                 # replace a JSON written with other settings (else refuse)
+
+
+SETTINGS = ("data_dir", "eval_tokens", "thresholds", "router_threshold", "context_length", "batch_size",
+            "max_examples", "dtype")  # what decides an evaluation's numbers; device and out_dir do not
+
+
+def eval_settings(cfg, data_dir):
+    """The settings an evaluation records in its JSON ("settings"), as JSON reads them back: data_dir absolute
+    (resolved: "" is the first checkpoint's training corpus), eval_tokens as asked for (the JSON's eval_tokens
+    is what was used), thresholds as a list of floats."""
+    thresholds = [cfg.thresholds] if isinstance(cfg.thresholds, (int, float)) else list(cfg.thresholds)
+    values = {**{key: getattr(cfg, key) for key in SETTINGS}, "data_dir": os.path.abspath(data_dir),
+              "thresholds": [float(t) for t in thresholds]}
+    return json.loads(json.dumps(values))
+
+
+def check_replace(path, settings, overwrite):
+    """Refuse to replace the evaluation at path when it was written with other settings (unless overwrite)."""
+    if overwrite or not os.path.exists(path):
+        return
+    try:
+        with open(path) as f:
+            old = json.load(f).get("settings")
+    except (json.JSONDecodeError, AttributeError, UnicodeDecodeError):
+        old = None
+    if old == settings:
+        return
+    differ = "its settings are unrecorded" if not isinstance(old, dict) else "other " + ", ".join(
+        f"{key} ({old.get(key)!r}, not {settings[key]!r})" for key in SETTINGS if old.get(key) != settings[key])
+    raise ValueError(f"{path} holds an evaluation with {differ}: pass --overwrite to replace it, or write this "
+                     f"one elsewhere with --out_dir=DIR")
 
 
 def main(argv):
@@ -48,28 +87,34 @@ def main(argv):
             raise ValueError(f"two checkpoints share a run name (their folder's name) in {names}: "
                              f"evaluate them into separate --out_dir folders")
         data_dir = cfg.data_dir or trained_data_dir(checkpoints[0])
+        settings = eval_settings(cfg, data_dir)
+        targets = [os.path.join(cfg.out_dir, f"{name}.json") if cfg.out_dir else
+                   os.path.join(os.path.dirname(path), "eval.json") for name, path in zip(names, checkpoints)]
+        for target in targets:  # before any evaluation: a refusal costs nothing
+            check_replace(target, settings, cfg.overwrite)
         results = []
-        for path in checkpoints:
+        for path, target in zip(checkpoints, targets):
             result = evaluate_checkpoint(
                 path, data_dir, thresholds, context_length=cfg.context_length, eval_tokens=cfg.eval_tokens,
                 batch_size=cfg.batch_size, device=cfg.device, dtype=cfg.dtype, router_threshold=cfg.router_threshold,
                 max_examples=cfg.max_examples, log=print)
             print(format_result(result, cfg.dtype))
-            write_result(result, os.path.join(cfg.out_dir, f"{result['run']}.json") if cfg.out_dir else
-                         os.path.join(os.path.dirname(path), "eval.json"))
+            write_result({**result, "settings": settings}, target)
             results.append(result)
     except (FileNotFoundError, ValueError) as e:
         sys.exit(f"error: {e}")
     table = markdown_table(results, cfg.dtype)
     print(table)
     if cfg.out_dir:
-        with open(os.path.join(cfg.out_dir, "eval.md"), "w") as f:
-            f.write(table)
+        def write(tmp):
+            with open(tmp, "w") as f:
+                f.write(table)
+        atomic_write(os.path.join(cfg.out_dir, "eval.md"), write)
 
 
 def write_result(result, path):
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    write_json(path, result, indent=2, allow_nan=False)
+    write_json(path, result, indent=2)
     print(f"wrote {path}")
 
 

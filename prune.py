@@ -23,6 +23,7 @@ class PruneConfig:
     batch_size: int = 8
     device: str = "auto"
     dtype: str = "float32"                  # evaluation precision and the KV cache's element size
+    overwrite: bool = False                 # replace a ckpt.pt already in out_dir (else refuse)
 
 
 def format_report(r, dtype):
@@ -53,7 +54,7 @@ def main(argv):
     try:
         report = prune(paths[0], cfg.out_dir, cfg.min_global_frac, data_dir=cfg.data_dir,
                        context_length=cfg.context_length, eval_tokens=cfg.eval_tokens, batch_size=cfg.batch_size,
-                       device=cfg.device, dtype=cfg.dtype)
+                       device=cfg.device, dtype=cfg.dtype, overwrite=cfg.overwrite)
     except (FileNotFoundError, ValueError) as e:
         sys.exit(f"error: {e}")
     print(format_report(report, cfg.dtype))

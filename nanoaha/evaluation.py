@@ -75,14 +75,20 @@ def eval_data(data_dir, config, source):
     return TokenData(data_dir, config.block_size, config.vocab_size)
 
 
+def distinct_val_windows(data):
+    """How many distinct windows the val split holds: non-overlapping block_size windows (each also needs
+    the next token as its last target), or its examples on a task with window starts."""
+    starts = data.starts["val"]
+    return max(1, (len(data.tokens("val")) - 1) // data.block_size if starts is None else len(starts))
+
+
 def fixed_val_batches(data, eval_tokens, batch_size):
-    """The fixed val windows: ceil(eval_tokens / block_size) of them, at most one per distinct window start,
-    in equal batches (routing_stats are averaged per batch)."""
+    """The fixed val windows: ceil(eval_tokens / block_size) of them, capped at the split's distinct windows
+    (more would score overlapping windows, the same tokens again), in equal batches (routing_stats are averaged
+    per batch)."""
     if eval_tokens < 1 or batch_size < 1:
         raise ValueError(f"eval_tokens={eval_tokens}, batch_size={batch_size}: both must be at least 1")
-    starts = data.starts["val"]
-    distinct = len(data.tokens("val")) - data.block_size if starts is None else len(starts)
-    n = max(1, min(-(-eval_tokens // data.block_size), distinct))
+    n = min(-(-eval_tokens // data.block_size), distinct_val_windows(data))
     batch_size = min(batch_size, n)
     return data.val_batches(batch_size, n // batch_size)
 
@@ -279,6 +285,10 @@ def evaluate_checkpoint(path, data_dir="", thresholds=DEFAULT_THRESHOLDS, contex
         log(f"checkpoint {checkpoint_path(path)}: layers {config.layer_letters}, window {config.window}, "
             f"{config.n_sink} sinks, threshold {config.router_threshold}; data {data_dir}: "
             f"{data.meta.get('task') or data.meta.get('encoding')}, {n_windows} windows of {config.block_size} tokens")
+        distinct = distinct_val_windows(data)
+        if -(-eval_tokens // config.block_size) > distinct:
+            log(f"note: eval_tokens={eval_tokens:,} is more than the val split holds: evaluating its {distinct:,} "
+                f"distinct windows of {config.block_size} tokens ({n_windows * config.block_size:,} tokens)")
         for note in data_notes(config, trained_on, data.meta):
             log(note)
     loss, stats = evaluate_loss(model, batches, autocast)

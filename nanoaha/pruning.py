@@ -37,15 +37,19 @@ def prune_checkpoint(ckpt, layers, record=None):
 
 
 def prune(path, out_dir, min_global_frac=DEFAULT_MIN_GLOBAL_FRAC, data_dir="", context_length=0,
-          eval_tokens=DEFAULT_EVAL_TOKENS, batch_size=8, device="cpu", dtype="float32"):
+          eval_tokens=DEFAULT_EVAL_TOKENS, batch_size=8, device="cpu", dtype="float32", overwrite=False):
     """Measure each routed layer's global fraction on the fixed val tokens, write the pruned checkpoint to
-    out_dir/ckpt.pt and return what changed: layers pruned, val loss and KV-cache bytes before and after."""
+    out_dir/ckpt.pt and return what changed: layers pruned, val loss and KV-cache bytes before and after.
+    Refuses an out_dir that holds a checkpoint (another run's) unless overwrite."""
     if min_global_frac < 0:
         raise ValueError(f"min_global_frac={min_global_frac}: give a global fraction >= 0 "
                          f"({DEFAULT_MIN_GLOBAL_FRAC}: below {percent(DEFAULT_MIN_GLOBAL_FRAC, 0)})")
     source, target = checkpoint_path(path), os.path.join(out_dir, "ckpt.pt")
     if not out_dir or os.path.abspath(source) == os.path.abspath(target):
         raise ValueError("pass --out_dir=NEW_DIR, a folder other than the checkpoint's: pruning never overwrites it")
+    if os.path.exists(target) and not overwrite:
+        raise ValueError(f"{target} exists (another run's checkpoint): choose another --out_dir, or replace it "
+                         f"with --overwrite")
     device = pick_device(device)
     torch_dtype = pick_dtype(dtype, device)
     autocast = autocast_context(device, torch_dtype)

@@ -32,6 +32,7 @@ import os
 
 GRID_KEYS = {"base", "common", "seeds", "runs", "references", "evaluate", "comparisons"}
 RUNNER_KEYS = {"out_dir", "seed"}  # the runner sets these for each run
+RUNNER_EVAL_KEYS = {"out_dir", "overwrite"}  # the runner's evaluation writes the run's eval.json, replacing it
 SPECIAL = {"run:": "init_from", "matched:": "random_global_q"}  # prefix -> the one key it may be given to
 
 
@@ -122,8 +123,7 @@ def load_grid(path):
         if role not in references and role in runs:
             references[role] = role
     evaluate = values.get("evaluate") or {}
-    if not isinstance(evaluate, dict):
-        raise GridError(f"{path}: evaluate must be a dict of evaluate.py options (e.g. {{'eval_tokens': 65536}})")
+    check_evaluate(path, evaluate)
     comparisons = values.get("comparisons") or {}
     pairs_ok = isinstance(comparisons, dict) and all(
         isinstance(q, str) and isinstance(pair, (tuple, list)) and len(pair) == 2 for q, pair in comparisons.items())
@@ -139,6 +139,43 @@ def load_grid(path):
                 run_seeds, references, evaluate, {q: tuple(pair) for q, pair in comparisons.items()})
     run_order(grid)  # reports cycles
     return grid
+
+
+def format_value(value):
+    """A --key=VALUE text that configurator parses back to value: strings bare where that is unambiguous."""
+    if isinstance(value, str):
+        try:
+            ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            return value
+    return repr(value)
+
+
+def check_evaluate(path, evaluate):
+    """The evaluate dict against evaluate.py's settings (EvalConfig: names, types, values), before anything
+    runs: a typo found only after every run has trained costs the whole grid."""
+    from evaluate import EvalConfig  # evaluate.py's settings, where they are defined
+    from nanoaha.configurator import ConfigError, parse_args
+    if not isinstance(evaluate, dict) or not all(isinstance(k, str) for k in evaluate):
+        raise GridError(f"{path}: evaluate must be a dict of evaluate.py options (e.g. {{'eval_tokens': 65536}})")
+    for key in sorted(RUNNER_EVAL_KEYS & set(evaluate)):
+        raise GridError(f"{path}: evaluate sets {key}, which the runner sets (each run's eval.json is the "
+                        f"grid's); remove it")
+    try:
+        (cfg,) = parse_args([f"--{k}={format_value(v)}" for k, v in evaluate.items()], EvalConfig)
+    except ConfigError as e:
+        raise GridError(f"{path}: evaluate: {e} (evaluate.py's settings: python evaluate.py --help)") from None
+    from nanoaha.evaluation import check_thresholds
+    low = [key for key in ("eval_tokens", "batch_size", "max_examples") if getattr(cfg, key) < 1] + \
+        (["context_length"] if cfg.context_length < 0 else [])
+    if low:
+        raise GridError(f"{path}: evaluate: {', '.join(f'{k}={getattr(cfg, k)}' for k in low)}: give at least 1 "
+                        f"(context_length: 0 for block_size)")
+    thresholds = [cfg.thresholds] if isinstance(cfg.thresholds, float) else list(cfg.thresholds)
+    try:
+        check_thresholds(thresholds + ([] if cfg.router_threshold is None else [cfg.router_threshold]))
+    except ValueError as e:
+        raise GridError(f"{path}: evaluate: {e}") from None
 
 
 def check_override(path, run, key, value, runs):

@@ -10,7 +10,7 @@ import sys
 
 from model import GPTConfig
 from nanoaha.configurator import ConfigError, parse_args, read_config_file
-from nanoaha.grid.gridfile import GridError, dependencies, run_order
+from nanoaha.grid.gridfile import GridError, dependencies, format_value, run_order
 from nanoaha.train_config import TrainConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
@@ -29,6 +29,8 @@ class Job:
     deps: list            # (run, seed) of the jobs that must finish first
     tcfg: object          # the configs as train.py will see them (special values as placeholders)
     mcfg: GPTConfig
+    eval_settings: dict = None  # the "settings" its eval.json must record: those of the grid's evaluate command
+    matched_settings: dict = None  # for a "matched:NAME" run: NAME's eval_settings (its rates come from there)
 
     @property
     def key(self):
@@ -49,16 +51,6 @@ class Job:
 def train_schemas():
     """The schemas train.py parses its arguments with."""
     return TrainConfig, GPTConfig
-
-
-def format_value(value):
-    """A --key=VALUE text that configurator parses back to value: strings bare where that is unambiguous."""
-    if isinstance(value, str):
-        try:
-            ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            return value
-    return repr(value)
 
 
 def base_files(grid):
@@ -110,10 +102,13 @@ def plan(grid, out_root):
                 tcfg, mcfg = parse_args(argv, *schemas)
             except ConfigError as e:
                 raise GridError(f"{grid.path}: run {run}: {e}") from None
-            jobs.append(Job(run, seed, run_dir(out_root, grid, run, seed), overrides, deps, tcfg, mcfg))
+            jobs.append(Job(run, seed, run_dir(out_root, grid, run, seed), overrides, deps, tcfg, mcfg,
+                            grid_eval_settings(grid, tcfg)))
     for job in jobs:
         dep = matched_run(job)
         target = next((j for j in jobs if j.run == dep), None)
+        if target:
+            job.matched_settings = target.eval_settings
         if target and ("R" not in target.mcfg.layer_letters or target.mcfg.n_layer != job.mcfg.n_layer):
             raise GridError(f"{grid.path}: run {job.run}: matched:{dep} needs {dep} to have routed layers and "
                             f"as many layers ({job.mcfg.n_layer})")
@@ -140,8 +135,9 @@ def matched_rates(job, out_root, grid):
     if matched_run(job) is None:
         return None
     result = read_json(eval_json(run_dir(out_root, grid, matched_run(job), job.seed)))
-    if result is None:
-        return None
+    if not isinstance(result, dict) or (job.matched_settings is not None
+                                        and result.get("settings") != job.matched_settings):
+        return None  # not evaluated yet, or not by the grid (another evaluate.py wrote over it): not its rates
     return [0.0 if q is None else round(q, 6) for q in result["global_frac_per_layer"]]
 
 
@@ -167,9 +163,35 @@ def eval_json(out_dir):
     return os.path.join(out_dir, "eval.json")
 
 
+def eval_flags(grid):
+    """The grid's evaluate dict as evaluate.py flags."""
+    return [f"--{k}={format_value(v)}" for k, v in grid.evaluate.items()]
+
+
 def eval_argv(job, grid):
-    return [sys.executable, os.path.relpath(EVALUATE_PY), job.out_dir,
-            *[f"--{k}={format_value(v)}" for k, v in grid.evaluate.items()]]
+    """The evaluation command the grid asks for (the runner adds --overwrite when it runs it: a run's eval.json
+    is the grid's, and one with other settings is replaced)."""
+    return [sys.executable, os.path.relpath(EVALUATE_PY), job.out_dir, *eval_flags(grid)]
+
+
+def grid_eval_settings(grid, tcfg):
+    """The settings (evaluate.eval_settings) the grid's evaluate command records for a run trained with tcfg:
+    its data_dir, else the run's training corpus, as evaluate.py resolves it."""
+    from evaluate import EvalConfig, eval_settings  # evaluate.py is the one place these are defined
+    try:
+        (cfg,) = parse_args(eval_flags(grid), EvalConfig)
+    except ConfigError as e:
+        raise GridError(f"{grid.path}: evaluate: {e}") from None
+    return eval_settings(cfg, cfg.data_dir or tcfg.data_dir or os.path.join(ROOT, "data", tcfg.dataset))
+
+
+def grid_evaluation(job):
+    """The run's eval.json when it is the evaluation the grid asks for (its recorded settings are the grid's);
+    else None: missing, unreadable, or written by another evaluate command (evaluate.py --overwrite)."""
+    result = read_json(eval_json(job.out_dir))
+    if not isinstance(result, dict) or (job.eval_settings is not None and result.get("settings") != job.eval_settings):
+        return None
+    return result
 
 
 def launches(out_dir):
@@ -229,11 +251,14 @@ def check_matched_rates(job, trained_argv, planned_argv):
 
 
 def eval_state(job, grid):
-    """'skip' when eval.json is newer than the checkpoint and came from the same evaluate command."""
+    """'skip' when eval.json is newer than the checkpoint, came from the same evaluate command and records the
+    grid's settings (not another evaluation written over it); else 'evaluate'."""
     path, ckpt = eval_json(job.out_dir), os.path.join(job.out_dir, "ckpt.pt")
-    evaluated = [launch["argv"] for launch in launches(job.out_dir) if launch["step"] == "evaluate"]
+    evaluated = [[a for a in launch["argv"] if a != "--overwrite"] for launch in launches(job.out_dir)
+                 if launch["step"] == "evaluate"]
     fresh = os.path.isfile(path) and os.path.isfile(ckpt) and os.path.getmtime(path) >= os.path.getmtime(ckpt)
-    return "skip" if fresh and evaluated and evaluated[-1][1:] == eval_argv(job, grid)[1:] else "evaluate"
+    same = fresh and evaluated and evaluated[-1][1:] == eval_argv(job, grid)[1:]
+    return "skip" if same and grid_evaluation(job) is not None else "evaluate"
 
 
 def describe(job, grid, out_root):

@@ -186,7 +186,8 @@ def val_curves(path, curves):
     """Val loss against step. curves: [(label, [[step, loss], ...]), ...]."""
     fig, ax = _axes(WIDE)
     for i, (label, history) in enumerate(curves):
-        history = [point for point in history if point[0] > 0]  # step 0 (the untrained model) dwarfs the rest
+        # step 0 (the untrained model) dwarfs the rest; a loss of null (nan in training) is no point
+        history = [point for point in history if point[0] > 0 and point[1] is not None]
         if history:
             steps, losses = zip(*sorted(history))
             ax.plot(steps, losses, lw=1, color=_color(i), label=label)

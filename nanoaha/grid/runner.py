@@ -9,8 +9,8 @@ import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
 from nanoaha.atomic_files import write_json
-from nanoaha.grid.plan import (eval_argv, eval_json, eval_state, launches, matched_run, read_json, train_argv,
-                               train_state)
+from nanoaha.grid.plan import (eval_argv, eval_json, eval_state, grid_evaluation, launches, matched_run, read_json,
+                               train_argv, train_state)
 
 
 # Stopping a grid (compare.py's SIGINT/SIGTERM handler calls request_stop): no new job starts, and every running
@@ -18,8 +18,19 @@ from nanoaha.grid.plan import (eval_argv, eval_json, eval_state, launches, match
 # session, so a Ctrl-C reaches only the runner, which then signals each of them once.
 stop_requested = threading.Event()
 _running, _running_lock = set(), threading.Lock()
-INTERRUPTED_CODES = (128 + signal.SIGINT, 128 + signal.SIGTERM)
+INTERRUPTED_CODES = (128 + signal.SIGINT, 128 + signal.SIGTERM)  # train.py saved a checkpoint and stopped
+# A process stopped by the runner's own signal: the codes above, or killed by it (-15, -2) while it was starting
+# or exiting, before or after its handler: "interrupted", not "failed", when the runner asked for the stop.
+STOPPED_CODES = INTERRUPTED_CODES + (-signal.SIGINT, -signal.SIGTERM)
 THREADS_PER_PROCESS = 1  # OMP_NUM_THREADS of every process: --jobs trainings then use --jobs cores
+
+
+child_hook = None  # called with the pids of the running processes whenever they change (compare.py's GridLock)
+
+
+def _children_changed():
+    if child_hook is not None:
+        child_hook(sorted(proc.pid for proc in _running))
 
 
 def request_stop():
@@ -40,11 +51,13 @@ def launch(job, step, argv, log_name):
                                     env={**os.environ, "OMP_NUM_THREADS": str(THREADS_PER_PROCESS)},
                                     start_new_session=True)
             _running.add(proc)
+            _children_changed()
             if stop_requested.is_set():
                 proc.send_signal(signal.SIGTERM)
         code = proc.wait()
         with _running_lock:
             _running.discard(proc)
+            _children_changed()
     record = launches(job.out_dir) + [{"step": step, "argv": argv, "cwd": os.getcwd(), "started": time.strftime(
         "%Y-%m-%d %H:%M:%S", time.localtime(started)), "wall_s": round(time.time() - started, 2), "returncode": code}]
     write_json(os.path.join(job.out_dir, "launches.json"), record)
@@ -70,15 +83,23 @@ def execute(job, grid, out_root, log=log_line):
         summary = read_json(os.path.join(job.out_dir, "train_summary.json")) or {}
         if code in INTERRUPTED_CODES:
             return f"interrupted at step {summary.get('iter_num', '?')} (checkpoint saved): run again to resume"
+        if stop_requested.is_set() and code in STOPPED_CODES:
+            return f"interrupted while train.py started or exited (code {code}; last checkpoint at step " \
+                   f"{summary.get('iter_num', 'none')}): run again to resume"
         if code != 0 or not summary.get("complete"):
             return f"failed: train.py exited with {code}, see {os.path.join(job.out_dir, 'train.log')}"
     if eval_state(job, grid) != "skip":
         if stop_requested.is_set():
             return "interrupted before its evaluation: run again to evaluate"
         log(f"[{time.strftime('%H:%M:%S')}] {job.label}: evaluating")
-        code = launch(job, "evaluate", eval_argv(job, grid), "eval.log")
+        code = launch(job, "evaluate", eval_argv(job, grid) + ["--overwrite"], "eval.log")
+        if stop_requested.is_set() and code in STOPPED_CODES:
+            return "interrupted during its evaluation: run again to evaluate"
         if code != 0 or read_json(eval_json(job.out_dir)) is None:
             return f"failed: evaluate.py exited with {code}, see {os.path.join(job.out_dir, 'eval.log')}"
+        if grid_evaluation(job) is None:
+            return f"failed: {eval_json(job.out_dir)} does not record the grid's evaluation settings " \
+                   f"(another evaluate.py wrote over it?): run again to re-evaluate"
     log(f"[{time.strftime('%H:%M:%S')}] {job.label}: done")
     return "ok"
 

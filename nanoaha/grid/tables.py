@@ -9,7 +9,7 @@ import os
 from nanoaha.atomic_files import write_json
 from nanoaha.formatting import human_bytes, percent
 from nanoaha.grid.gridfile import GridError
-from nanoaha.grid.plan import eval_json, launches, read_json
+from nanoaha.grid.plan import grid_evaluation, launches, read_json
 
 SMALLEST_DIFFERENCE = 0.0005  # a same-seed difference that prints as 0.000 is no difference
 
@@ -17,7 +17,7 @@ SMALLEST_DIFFERENCE = 0.0005  # a same-seed difference that prints as 0.000 is n
 def collect(job, status=None):
     """One job's numbers: from its evaluation (eval.json), its train_summary.json and its launches. A
     number that does not exist is None."""
-    result = read_json(eval_json(job.out_dir)) or {}
+    result = grid_evaluation(job) or {}  # only the evaluation the grid asked for, never another written over it
     summary = read_json(os.path.join(job.out_dir, "train_summary.json")) or {}
     complete = bool(summary.get("complete")) and summary.get("max_iters") == job.tcfg.max_iters and bool(result)
     train_wall = [launch["wall_s"] for launch in launches(job.out_dir) if launch["step"] == "train"]

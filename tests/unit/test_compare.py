@@ -67,7 +67,7 @@ def test_matched_rates_come_from_the_learned_runs_evaluation_at_the_same_seed(tm
     for seed, rates in ((1, [0.9, None, 0.8, None]), (2, [0.25, None, 0.0625, None])):
         os.makedirs(jobs[seed - 1].out_dir)
         with open(os.path.join(jobs[seed - 1].out_dir, "eval.json"), "w") as f:
-            json.dump({"global_frac_per_layer": rates}, f)
+            json.dump({"global_frac_per_layer": rates, "settings": jobs[0].eval_settings}, f)  # as the grid evaluates
     argv = train_argv(random_2, g, out)
     assert "--random_global_q=[0.25, 0.0, 0.0625, 0.0]" in argv and "--routing=random" in argv
     # trained at those rates; then routed seed 2 is retrained and evaluated again
@@ -77,7 +77,7 @@ def test_matched_rates_come_from_the_learned_runs_evaluation_at_the_same_seed(tm
         json.dump([{"step": "train", "argv": argv, "cwd": os.getcwd(), "wall_s": 1.0, "returncode": 0}], f)
     for rates, stale in (([0.252, None, 0.0625, None], False), ([0.25, None, 0.2, None], True)):
         with open(os.path.join(jobs[1].out_dir, "eval.json"), "w") as f:
-            json.dump({"global_frac_per_layer": rates}, f)
+            json.dump({"global_frac_per_layer": rates, "settings": jobs[0].eval_settings}, f)  # as the grid evaluates
         if stale:
             with pytest.raises(GridError, match=r"random__seed_2 trained at per-layer rates \[0.25, 0.0, 0.0625, "
                                                  r"0.0\], but routed seed 2's evaluation now gives \[0.25, 0.0, 0.2, "
