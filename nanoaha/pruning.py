@@ -9,7 +9,7 @@ import os
 
 import torch
 
-from nanoaha.checkpoint import checkpoint_path, load_checkpoint, load_model, save_checkpoint
+from nanoaha.checkpoint import BEST_NAME, checkpoint_path, load_checkpoint, load_model, save_checkpoint
 from nanoaha.device import autocast_context, pick_device, pick_dtype
 from nanoaha.formatting import percent
 from nanoaha.evaluation import (DEFAULT_EVAL_TOKENS, eval_data, evaluate_loss, fixed_val_batches, kv_cache_summary,
@@ -34,6 +34,9 @@ def prune_checkpoint(ckpt, layers, record=None):
     return {**ckpt, "model": {k: v for k, v in ckpt["model"].items() if not k.startswith(dropped)},
             "model_config": {**ckpt["model_config"], "schedule": "".join(letters)}, "optimizer": None,
             "pruned": {"layers": list(layers), **(record or {})}}
+
+
+REPLACED_RUN_FILES = (BEST_NAME, "train_summary.json", "eval.json")  # another run's, in a replaced out_dir
 
 
 def prune(path, out_dir, min_global_frac=DEFAULT_MIN_GLOBAL_FRAC, data_dir="", context_length=0,
@@ -66,6 +69,9 @@ def prune(path, out_dir, min_global_frac=DEFAULT_MIN_GLOBAL_FRAC, data_dir="", c
     record = {"from": source, "min_global_frac": min_global_frac, "data_dir": data_dir,
               "global_frac_per_layer": before["global_frac_per_layer"]}
     os.makedirs(out_dir, exist_ok=True)
+    for name in REPLACED_RUN_FILES:  # with --overwrite: what described the replaced run would now mislead
+        if os.path.exists(os.path.join(out_dir, name)):
+            os.remove(os.path.join(out_dir, name))
     save_checkpoint(target, prune_checkpoint(load_checkpoint(source, "cpu"), layers, record))
     pruned, _ = load_model(target, device)
     pruned_loss, pruned_stats = evaluate_loss(pruned, batches, autocast)

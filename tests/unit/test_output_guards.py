@@ -106,8 +106,12 @@ def test_prune_refuses_an_out_dir_holding_another_runs_checkpoint(tmp_path, prep
     message = str(e.value.code)
     assert target in message and "--overwrite" in message and "\n" not in message
     assert open(target, "rb").read() == before
+    for name in ("ckpt_best.pt", "train_summary.json", "eval.json"):  # the other run's, beside its checkpoint
+        with open(os.path.join(other, name), "w") as f:
+            f.write("{}")
     prune.main([source, f"--out_dir={other}", *FAST[:2], "--device=cpu", "--overwrite"])
     assert open(target, "rb").read() != before
+    assert sorted(os.listdir(other)) == ["ckpt.pt"]  # nothing of the replaced run is left to mislead
 
 
 def dead_pid():
