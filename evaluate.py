@@ -19,41 +19,13 @@ whose eval.json has other settings than the grid's (docs/evaluation.md).
 import json
 import os
 import sys
-from dataclasses import dataclass
 
 from nanoaha.atomic_files import atomic_write, write_json
 from nanoaha.configurator import parse_args_or_exit
-from nanoaha.evaluation import (DEFAULT_EVAL_TOKENS, DEFAULT_THRESHOLDS, check_thresholds, evaluate_checkpoint,
-                        find_checkpoints, format_result, markdown_table, run_name, trained_data_dir)
+from nanoaha.evaluation import (SETTINGS, EvalConfig, check_thresholds, eval_settings, evaluate_checkpoint,
+                                find_checkpoints, format_result, markdown_table, run_name, trained_data_dir)
 
 
-@dataclass
-class EvalConfig:
-    data_dir: str = ""                      # the corpus for every checkpoint; "": the first one's training corpus
-    out_dir: str = ""                       # OUT_DIR/<run>.json + OUT_DIR/eval.md; "": eval.json beside each ckpt
-    thresholds: tuple | list | float = DEFAULT_THRESHOLDS  # the sweep, for models with learned routers; () none
-    context_length: int = 0                 # KV-cache bytes at this many positions; 0: each model's block_size
-    eval_tokens: int = DEFAULT_EVAL_TOKENS  # ceil(eval_tokens / block_size) fixed val windows
-    batch_size: int = 8
-    max_examples: int = 500                 # synthetic tasks: the accuracy report's val examples
-    router_threshold: float | None = None   # evaluate at this threshold instead of the trained one
-    device: str = "auto"
-    dtype: str = "float32"                  # evaluation precision and the KV cache's element size
-    overwrite: bool = False                 # replace a JSON written with other settings (else refuse)
-
-
-SETTINGS = ("data_dir", "eval_tokens", "thresholds", "router_threshold", "context_length", "batch_size",
-            "max_examples", "dtype")  # what decides an evaluation's numbers; device and out_dir do not
-
-
-def eval_settings(cfg, data_dir):
-    """The settings an evaluation records in its JSON ("settings"), as JSON reads them back: data_dir absolute
-    (resolved: "" is the first checkpoint's training corpus), eval_tokens as asked for (the JSON's eval_tokens
-    is what was used), thresholds as a list of floats."""
-    thresholds = [cfg.thresholds] if isinstance(cfg.thresholds, (int, float)) else list(cfg.thresholds)
-    values = {**{key: getattr(cfg, key) for key in SETTINGS}, "data_dir": os.path.abspath(data_dir),
-              "thresholds": [float(t) for t in thresholds]}
-    return json.loads(json.dumps(values))
 
 
 def check_replace(path, settings, overwrite):

@@ -9,9 +9,11 @@ two evaluations of a checkpoint give the same numbers to the last digit, and che
 see the same tokens.
 """
 import dataclasses
+import json
 import math
 import os
 from contextlib import nullcontext
+from dataclasses import dataclass
 
 import torch
 
@@ -27,6 +29,35 @@ from nanoaha.routing_stats import (kv_cache_bytes, label_counts, mean_stats, pre
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 DEFAULT_THRESHOLDS = (0.1, 0.3, 0.5, 0.7, 0.9)
 DEFAULT_EVAL_TOKENS = 65536  # 64 windows at block_size 1024 (python_stdlib's val split holds 404,002 tokens)
+
+
+@dataclass
+class EvalConfig:
+    data_dir: str = ""                      # the corpus for every checkpoint; "": the first one's training corpus
+    out_dir: str = ""                       # OUT_DIR/<run>.json + OUT_DIR/eval.md; "": eval.json beside each ckpt
+    thresholds: tuple | list | float = DEFAULT_THRESHOLDS  # the sweep, for models with learned routers; () none
+    context_length: int = 0                 # KV-cache bytes at this many positions; 0: each model's block_size
+    eval_tokens: int = DEFAULT_EVAL_TOKENS  # ceil(eval_tokens / block_size) fixed val windows
+    batch_size: int = 8
+    max_examples: int = 500                 # synthetic tasks: the accuracy report's val examples
+    router_threshold: float | None = None   # evaluate at this threshold instead of the trained one
+    device: str = "auto"
+    dtype: str = "float32"                  # evaluation precision and the KV cache's element size
+    overwrite: bool = False                 # replace a JSON written with other settings (else refuse)
+
+
+SETTINGS = ("data_dir", "eval_tokens", "thresholds", "router_threshold", "context_length", "batch_size",
+            "max_examples", "dtype")  # what decides an evaluation's numbers; device and out_dir do not
+
+
+def eval_settings(cfg, data_dir):
+    """The settings an evaluation records in its JSON ("settings"), as JSON reads them back: data_dir absolute
+    (resolved: "" is the first checkpoint's training corpus), eval_tokens as asked for (the JSON's eval_tokens
+    is what was used), thresholds as a list of floats."""
+    thresholds = [cfg.thresholds] if isinstance(cfg.thresholds, (int, float)) else list(cfg.thresholds)
+    values = {**{key: getattr(cfg, key) for key in SETTINGS}, "data_dir": os.path.abspath(data_dir),
+              "thresholds": [float(t) for t in thresholds]}
+    return json.loads(json.dumps(values))
 
 
 def check_thresholds(thresholds):

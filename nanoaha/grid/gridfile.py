@@ -154,7 +154,7 @@ def format_value(value):
 def check_evaluate(path, evaluate):
     """The evaluate dict against evaluate.py's settings (EvalConfig: names, types, values), before anything
     runs: a typo found only after every run has trained costs the whole grid."""
-    from evaluate import EvalConfig  # evaluate.py's settings, where they are defined
+    from nanoaha.evaluation import EvalConfig  # evaluate.py's settings
     from nanoaha.configurator import ConfigError, parse_args
     if not isinstance(evaluate, dict) or not all(isinstance(k, str) for k in evaluate):
         raise GridError(f"{path}: evaluate must be a dict of evaluate.py options (e.g. {{'eval_tokens': 65536}})")

@@ -177,7 +177,7 @@ def eval_argv(job, grid):
 def grid_eval_settings(grid, tcfg):
     """The settings (evaluate.eval_settings) the grid's evaluate command records for a run trained with tcfg:
     its data_dir, else the run's training corpus, as evaluate.py resolves it."""
-    from evaluate import EvalConfig, eval_settings  # evaluate.py is the one place these are defined
+    from nanoaha.evaluation import EvalConfig, eval_settings
     try:
         (cfg,) = parse_args(eval_flags(grid), EvalConfig)
     except ConfigError as e:

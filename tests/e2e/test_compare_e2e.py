@@ -67,7 +67,7 @@ def test_grid_runs_skips_what_is_complete_resumes_what_is_not_and_writes_the_rec
     assert steps == [7, 8, 9]  # continued from step 6, not from 0
     summary = json.load(open(os.path.join(jobs["routed"].out_dir, "train_summary.json")))
     assert summary["complete"] and summary["iter_num"] == 9
-    assert [step for step, _ in summary["val_history"]] == [0, 3, 6, 6, 9]  # the first launch's evals, then more
+    assert [step for step, _ in summary["val_history"]] == [0, 3, 6, 9]  # step 6 once, evaluated again on resume
     assert "this invocation: 2 processes" in open(os.path.join(records, record + "_2", "README.md")).read()
     assert compare.main(argv) == 0  # everything complete: the record is drawn again from the runs' files
     assert "this invocation started no process" in open(os.path.join(records, record + "_3", "README.md")).read()

@@ -186,7 +186,7 @@ def test_a_resumed_run_that_diverges_names_the_checkpoints_its_folder_holds(tmp_
         train.train(*configs(tmp_path, tiny_corpus, max_iters=200, eval_interval=100, learning_rate=1e3,
                              warmup_iters=1, max_nonfinite_steps=3, init_from="resume"))
     message = str(stopped.value)
-    assert "None" not in message and f"ckpt.pt holds step 2 and " in message, message
+    assert "None" not in message and "ckpt.pt holds step 2 and " in message, message
     assert f"{checkpoint.BEST_NAME} holds step {best_step} (val loss" in message, message
 
 
