@@ -15,6 +15,7 @@ import threading
 import numpy as np
 
 from nanoaha.atomic_files import write_json
+from nanoaha.processes import pid_alive
 
 TIKTOKEN_ENCODINGS = ("gpt2", "cl100k_base", "o200k_base", "r50k_base", "p50k_base")
 ENCODINGS = ("gpt2", "cl100k_base", "o200k_base", "bytes", "char")
@@ -163,16 +164,6 @@ def _with_note(error, note):
     return None
 
 
-def _pid_alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
-
-
 STAGING = ".preparing."  # + the preparer's pid: the staging folder inside the corpus folder
 
 
@@ -187,7 +178,7 @@ def replacing_corpus(out_dir):
     os.makedirs(out_dir, exist_ok=True)
     for name in os.listdir(out_dir):  # left by a preparer that was killed (SIGKILL): nothing else removes them
         pid = name[len(STAGING):]
-        if name.startswith(STAGING) and pid.isdigit() and not _pid_alive(int(pid)):
+        if name.startswith(STAGING) and pid.isdigit() and not pid_alive(int(pid)):
             shutil.rmtree(os.path.join(out_dir, name), ignore_errors=True)
     had_corpus = os.path.exists(os.path.join(out_dir, "meta.json"))
     staging = os.path.join(out_dir, f"{STAGING}{os.getpid()}")

@@ -11,18 +11,9 @@ import sys
 import time
 
 from nanoaha.grid.gridfile import GridError
+from nanoaha.processes import pid_alive
 
 LOCK_NAME = ".compare.lock"
-
-
-def pid_alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def describe_holder(holder):
