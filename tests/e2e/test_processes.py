@@ -38,3 +38,19 @@ def test_a_finished_command_returns_its_output_and_status():
     done = run_in_own_session([sys.executable, "-c", "print('hi'); raise SystemExit(3)"], timeout=60,
                               stdout=subprocess.PIPE, text=True)
     assert done.returncode == 3 and done.stdout == "hi\n"
+
+
+def test_pid_alive_counts_a_running_process_and_neither_a_zombie_nor_a_reaped_one():
+    from nanoaha.processes import pid_alive
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    done = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        deadline = time.time() + 30
+        while time.time() < deadline and open(f"/proc/{done.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+            time.sleep(0.05)  # exited, not yet collected: a zombie
+        assert pid_alive(running.pid) and not pid_alive(done.pid)
+        done.wait()
+        assert not pid_alive(done.pid)
+    finally:
+        running.kill()
+        running.wait()
