@@ -35,7 +35,7 @@ from nanoaha.gpt2_weights import gpt2_state_dict, is_pretrained
 from nanoaha.routing_stats import (format_routing, mean_stats, routing_stats, routing_summary,
                                    training_flops_per_token, warn_collapse)
 from nanoaha.tensorboard_log import Logger
-from nanoaha.train_config import TrainConfig, check_config
+from nanoaha.train_config import TrainConfig, check_config, corpus_dir
 from nanoaha.training import (LambdaController, StopSignals, TrainingStopped, check_same_data, configure_optimizer,
                               lambda_ramp, lr_at, restore_rng, routed_mode_at, router_lambda_at, weights_finite)
 
@@ -59,6 +59,7 @@ class Run:
     scaler: torch.amp.GradScaler
     controller: LambdaController | None
     n_routers: int                      # layers with a learned router (the controller's lambdas)
+    trainable_params: list              # what the optimizer updates (all, or the routers): clipped, checked
     generator: torch.Generator          # data windows and forced-global steps: seeded alike on every rank
     logger: Logger | None = None
     val_batches: list | None = None     # the fixed val windows of every evaluation
@@ -155,8 +156,8 @@ def setup(tcfg, mcfg, ddp, rank, world, device):
     if device.startswith("cuda"):
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    data_dir = tcfg.data_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", tcfg.dataset)
-    data = TokenData(data_dir, mcfg.block_size, mcfg.vocab_size, tcfg.doc_aligned_windows)
+    data = TokenData(corpus_dir(tcfg.data_dir, tcfg.dataset), mcfg.block_size, mcfg.vocab_size,
+                     tcfg.doc_aligned_windows)
     claim_out_dir(tcfg, rank == 0)
 
     # Every rank draws the same data windows and forced-global steps (generator, seeded alike) and takes its own
@@ -173,7 +174,8 @@ def setup(tcfg, mcfg, ddp, rank, world, device):
     run = Run(tcfg, mcfg, ddp, rank, world, device, dtype, data, raw_model=model, model=model,
               optimizer=configure_optimizer(model, tcfg, device_type),
               scaler=torch.amp.GradScaler(device_type, enabled=dtype == torch.float16),  # fp16 needs loss scaling
-              controller=controller, n_routers=n_routers, generator=generator)
+              controller=controller, n_routers=n_routers,
+              trainable_params=[p for p in model.parameters() if p.requires_grad], generator=generator)
     start_from(run)
     if tcfg.compile:
         torch._dynamo.config.capture_scalar_outputs = True  # sparse mode's gated-row count: traced, not a break
@@ -219,8 +221,8 @@ def resume(run):
     lambda controller and every RNG (exactly, with the same number of processes)."""
     tcfg = run.tcfg
     resumed_from, ckpt = load_resume_checkpoint(tcfg.out_dir, run.device)
-    changed = {k: (v, asdict(run.mcfg).get(k)) for k, v in ckpt["model_config"].items()
-               if asdict(run.mcfg).get(k) != v and k not in RUNTIME_KEYS}
+    now = asdict(run.mcfg)
+    changed = {k: (v, now.get(k)) for k, v in ckpt["model_config"].items() if now.get(k) != v and k not in RUNTIME_KEYS}
     if changed:
         raise ValueError(f"cannot resume {resumed_from}: model config differs (checkpoint, now): {changed}")
     if ckpt["optimizer"] is None:
@@ -292,7 +294,7 @@ def train_step(run, signals):
     out, loss_ok = forward_backward(run, lam, force_global, routed_mode_at(it, tcfg, run.mcfg))
     if run.scaler.is_enabled():
         run.scaler.unscale_(run.optimizer)
-    params = [p for p in run.raw_model.parameters() if p.requires_grad]
+    params = run.trainable_params
     grad_norm = torch.nn.utils.clip_grad_norm_(params, tcfg.grad_clip) if tcfg.grad_clip > 0 else \
         torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
     bad_loss, bad_grad, stop = any_rank(run, ~loss_ok, ~torch.isfinite(grad_norm), signals.received is not None)
