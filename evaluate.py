@@ -23,9 +23,8 @@ import sys
 from nanoaha.atomic_files import atomic_write, write_json
 from nanoaha.configurator import parse_args_or_exit
 from nanoaha.evaluation import (SETTINGS, EvalConfig, check_thresholds, eval_settings, evaluate_checkpoint,
-                                find_checkpoints, format_result, markdown_table, run_name, trained_data_dir)
-
-
+                                find_checkpoints, format_result, markdown_table, run_name, threshold_list,
+                                trained_data_dir)
 
 
 def check_replace(path, settings, overwrite):
@@ -50,7 +49,7 @@ def main(argv):
     (cfg,) = parse_args_or_exit([arg for arg in argv if arg.startswith("-")], EvalConfig, usage=__doc__)
     if not paths:
         sys.exit("name at least one checkpoint: python evaluate.py CKPT_OR_DIR [CKPT_OR_DIR ...] [--key=value ...]")
-    thresholds = [cfg.thresholds] if isinstance(cfg.thresholds, float) else list(cfg.thresholds)
+    thresholds = threshold_list(cfg.thresholds)
     try:
         check_thresholds(thresholds)
         checkpoints = find_checkpoints(paths)

@@ -23,10 +23,10 @@ from data.synthetic.tasks import UNKNOWN_LABEL
 from data.tokens import read_meta
 from nanoaha.device import autocast_context, pick_device, pick_dtype
 from nanoaha.formatting import human_bytes, percent
+from nanoaha.train_config import corpus_dir
 from nanoaha.routing_stats import (kv_cache_bytes, label_counts, mean_stats, precision_recall, ratio, routing_stats,
                            routing_summary)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 DEFAULT_THRESHOLDS = (0.1, 0.3, 0.5, 0.7, 0.9)
 DEFAULT_EVAL_TOKENS = 65536  # 64 windows at block_size 1024 (python_stdlib's val split holds 404,002 tokens)
 
@@ -54,10 +54,14 @@ def eval_settings(cfg, data_dir):
     """The settings an evaluation records in its JSON ("settings"), as JSON reads them back: data_dir absolute
     (resolved: "" is the first checkpoint's training corpus), eval_tokens as asked for (the JSON's eval_tokens
     is what was used), thresholds as a list of floats."""
-    thresholds = [cfg.thresholds] if isinstance(cfg.thresholds, (int, float)) else list(cfg.thresholds)
     values = {**{key: getattr(cfg, key) for key in SETTINGS}, "data_dir": os.path.abspath(data_dir),
-              "thresholds": [float(t) for t in thresholds]}
+              "thresholds": [float(t) for t in threshold_list(cfg.thresholds)]}
     return json.loads(json.dumps(values))
+
+
+def threshold_list(thresholds):
+    """--thresholds as given (one number, or several) -> a list."""
+    return [thresholds] if isinstance(thresholds, (int, float)) else list(thresholds)
 
 
 def check_thresholds(thresholds):
@@ -94,7 +98,7 @@ def run_name(path):
 def trained_data_dir(path):
     """The corpus a checkpoint was trained on: train.py's data_dir, or data/<dataset>."""
     train_config = load_checkpoint(path, "cpu")["train_config"]
-    return train_config["data_dir"] or os.path.join(ROOT, "data", train_config["dataset"])
+    return train_config["data_dir"] or corpus_dir("", train_config["dataset"])
 
 
 def eval_data(data_dir, config, source):

@@ -1,6 +1,15 @@
 """The settings of a training run (train.py's schema, beside model.GPTConfig), and the checks of combinations that
 cannot work. A module, so that the grid runner checks a grid's runs with the same schema before starting any."""
+import os
 from dataclasses import dataclass
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def corpus_dir(data_dir, dataset):
+    """The corpus a training config reads (its data_dir and dataset): data_dir, else the repository's
+    data/<dataset>/."""
+    return data_dir or os.path.join(REPO, "data", dataset)
 
 
 @dataclass

@@ -154,8 +154,8 @@ def format_value(value):
 def check_evaluate(path, evaluate):
     """The evaluate dict against evaluate.py's settings (EvalConfig: names, types, values), before anything
     runs: a typo found only after every run has trained costs the whole grid."""
-    from nanoaha.evaluation import EvalConfig  # evaluate.py's settings
     from nanoaha.configurator import ConfigError, parse_args
+    from nanoaha.evaluation import EvalConfig, check_thresholds, threshold_list  # evaluate.py's settings
     if not isinstance(evaluate, dict) or not all(isinstance(k, str) for k in evaluate):
         raise GridError(f"{path}: evaluate must be a dict of evaluate.py options (e.g. {{'eval_tokens': 65536}})")
     for key in sorted(RUNNER_EVAL_KEYS & set(evaluate)):
@@ -165,15 +165,13 @@ def check_evaluate(path, evaluate):
         (cfg,) = parse_args([f"--{k}={format_value(v)}" for k, v in evaluate.items()], EvalConfig)
     except ConfigError as e:
         raise GridError(f"{path}: evaluate: {e} (evaluate.py's settings: python evaluate.py --help)") from None
-    from nanoaha.evaluation import check_thresholds
     low = [key for key in ("eval_tokens", "batch_size", "max_examples") if getattr(cfg, key) < 1] + \
         (["context_length"] if cfg.context_length < 0 else [])
     if low:
         raise GridError(f"{path}: evaluate: {', '.join(f'{k}={getattr(cfg, k)}' for k in low)}: give at least 1 "
                         f"(context_length: 0 for block_size)")
-    thresholds = [cfg.thresholds] if isinstance(cfg.thresholds, float) else list(cfg.thresholds)
     try:
-        check_thresholds(thresholds + ([] if cfg.router_threshold is None else [cfg.router_threshold]))
+        check_thresholds(threshold_list(cfg.thresholds) + ([] if cfg.router_threshold is None else [cfg.router_threshold]))
     except ValueError as e:
         raise GridError(f"{path}: evaluate: {e}") from None
 

@@ -11,9 +11,8 @@ import sys
 from model import GPTConfig
 from nanoaha.configurator import ConfigError, parse_args, read_config_file
 from nanoaha.grid.gridfile import GridError, dependencies, format_value, run_order
-from nanoaha.train_config import TrainConfig
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
+from nanoaha.train_config import REPO as ROOT
+from nanoaha.train_config import TrainConfig, corpus_dir
 TRAIN_PY, EVALUATE_PY = os.path.join(ROOT, "train.py"), os.path.join(ROOT, "evaluate.py")
 KEEP_TRAINING_KEYS = {"max_iters"}  # may change between launches of a run: resuming continues to the new value
 MATCHED_RATE_TOLERANCE = 0.005  # a matched run is stale once a layer's source rate moved more than this
@@ -134,9 +133,8 @@ def matched_rates(job, out_root, grid):
     that are not routed (a random rate is used by routed layers only). None until NAME's evaluation exists."""
     if matched_run(job) is None:
         return None
-    result = read_json(eval_json(run_dir(out_root, grid, matched_run(job), job.seed)))
-    if not isinstance(result, dict) or (job.matched_settings is not None
-                                        and result.get("settings") != job.matched_settings):
+    result = evaluation_with(run_dir(out_root, grid, matched_run(job), job.seed), job.matched_settings)
+    if result is None:
         return None  # not evaluated yet, or not by the grid (another evaluate.py wrote over it): not its rates
     return [0.0 if q is None else round(q, 6) for q in result["global_frac_per_layer"]]
 
@@ -182,16 +180,21 @@ def grid_eval_settings(grid, tcfg):
         (cfg,) = parse_args(eval_flags(grid), EvalConfig)
     except ConfigError as e:
         raise GridError(f"{grid.path}: evaluate: {e}") from None
-    return eval_settings(cfg, cfg.data_dir or tcfg.data_dir or os.path.join(ROOT, "data", tcfg.dataset))
+    return eval_settings(cfg, cfg.data_dir or corpus_dir(tcfg.data_dir, tcfg.dataset))
+
+
+def evaluation_with(out_dir, settings):
+    """out_dir's eval.json when it records these settings (None: any); else None: missing, unreadable, or
+    written by another evaluate command (evaluate.py --overwrite)."""
+    result = read_json(eval_json(out_dir))
+    if not isinstance(result, dict) or (settings is not None and result.get("settings") != settings):
+        return None
+    return result
 
 
 def grid_evaluation(job):
-    """The run's eval.json when it is the evaluation the grid asks for (its recorded settings are the grid's);
-    else None: missing, unreadable, or written by another evaluate command (evaluate.py --overwrite)."""
-    result = read_json(eval_json(job.out_dir))
-    if not isinstance(result, dict) or (job.eval_settings is not None and result.get("settings") != job.eval_settings):
-        return None
-    return result
+    """The run's eval.json when it is the evaluation the grid asks for (its recorded settings are the grid's)."""
+    return evaluation_with(job.out_dir, job.eval_settings)
 
 
 def launches(out_dir):
