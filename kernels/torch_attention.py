@@ -3,6 +3,8 @@
 - local: queries in chunks; every chunk reads the sinks and the keys from `window` before it to its end,
   under a mask (ChunkedLocalAttention), so the cost grows with T * window, not T^2.
 - routed, 'exact': full and local outputs for every token (exact straight-through gradient).
+- 16-bit inputs on the CPU: dense attention runs in bf16/fp16, local and gated attention in fp32
+  (_masked_dtype), softmax statistics in fp32 on every path.
 - routed, 'sparse': local output for every token, full output only for gated tokens (kernels/gates.py
   compacts them), over key blocks merged by their log-sum-exps (RoutedSparseAttention).
 
@@ -35,7 +37,15 @@ def local_attention(q, k, v, window, n_sink=0):
     """Sliding-window attention with sinks. Chunk i holds queries i*c .. i*c+c-1 and reads the sinks and
     chunks i-m .. i (m = ceil(window / c)) under a mask (ChunkedLocalAttention). Arguments are checked by
     kernels.attention.attention."""
-    return ChunkedLocalAttention.apply(q, k, v, window, min(n_sink, q.shape[2]))
+    dtype = _masked_dtype(q)
+    return ChunkedLocalAttention.apply(q.to(dtype), k.to(dtype), v.to(dtype), window, min(n_sink, q.shape[2])).to(q.dtype)
+
+
+def _masked_dtype(x):
+    """The dtype local and gated attention compute in: fp32 for 16-bit inputs on the CPU, where the fused
+    kernel runs several times slower with a mask in bf16 than in fp32 (its backward;
+    results/2026-12-02_cpu_bf16_speed), x's own dtype elsewhere. Window attention is a small part of a step."""
+    return torch.float32 if _cpu_kernel(x) and x.dtype in (torch.bfloat16, torch.float16) else x.dtype
 
 
 class ChunkedLocalAttention(torch.autograd.Function):
@@ -299,4 +309,6 @@ def routed_attention(q, k, v, gate, window, n_sink=0, mode="exact"):
     by kernels.attention.attention."""
     if mode == "exact":
         return combine(local_attention(q, k, v, window, n_sink), dense_attention(q, k, v), gate)
-    return RoutedSparseAttention.apply(q, k, v, gate, window, min(n_sink, q.shape[2]))
+    dtype = _masked_dtype(q)
+    return RoutedSparseAttention.apply(q.to(dtype), k.to(dtype), v.to(dtype), gate, window,
+                                       min(n_sink, q.shape[2])).to(q.dtype)
