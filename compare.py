@@ -1,10 +1,11 @@
 """Run a grid of trainings and compare them at equal budget: one command from grid file to record.
 
-    python compare.py configs/grids/NAME.py [--jobs=2] [--out=out/grids] [--record_dir=results] [--dry_run]
+    python compare.py configs/grids/NAME.py [--jobs=2] [--threads=1] [--out=out/grids] [--record_dir=results] [--dry_run]
     python compare.py --summary=NAME RECORD [RECORD ...]
 
-Trains every run of the grid file at every seed as train.py would (one process each, one thread each, --jobs
-at a time; each writes OUT/NAME/RUN__seed_S/train.log and TensorBoard events), skips complete runs, resumes
+Trains every run of the grid file at every seed as train.py would (one process each, --jobs at a time, by
+default one per CPU core with one thread each, which trains more tokens per hour than fewer jobs with more
+threads: bench/grid_cores.py; each writes OUT/NAME/RUN__seed_S/train.log and TensorBoard events), skips complete runs, resumes
 interrupted ones, evaluates each checkpoint with evaluate.py, and writes the record RECORD_DIR/<date>_NAME/
 (a record is written once: if that folder exists, <date>_NAME_2/ and so on):
 README.md (question, command, budget, table, final log lines), table.md, rows.json (every number of the table
@@ -33,7 +34,8 @@ from nanoaha.grid.tables import load_rows, record_table, rows_of, save_rows, sum
 
 @dataclass
 class CompareConfig:
-    jobs: int = 1                 # trainings at a time (each one thread)
+    jobs: int = 0                 # trainings at a time; 0: one per CPU core (bench/grid_cores.py: the faster)
+    threads: int = 0              # threads of each training and evaluation; 0: the cores shared among the jobs
     out: str = "out/grids"        # runs train in OUT/<grid>/<run>__seed_<seed>
     record_dir: str = "results"   # the record goes to RECORD_DIR/<date>_<grid>/
     dry_run: bool = False         # print the plan, run nothing
@@ -63,11 +65,11 @@ def budget_lines(grid, jobs, cfg, started, elapsed):
             f"steps per run: {', '.join(map(str, steps))}; {tokens / 1e6:.1f}M training tokens in all.",
             f"- Process time: training {wall['train'] / 3600:.2f} h, evaluation {wall['evaluate'] / 3600:.2f} h "
             f"(summed over every process the runner started for these runs, earlier invocations included); "
-            + (f"this invocation: {launched} processes, {elapsed / 3600:.2f} h wall with --jobs={cfg.jobs}." if launched
+            + (f"this invocation: {launched} processes, {elapsed / 3600:.2f} h wall with --jobs={cfg.jobs} --threads={cfg.threads}." if launched
                else "this invocation started no process (every run was complete and evaluated): the record is drawn "
                     "from the runs' files."),
             f"- Machine: {platform.machine()}, {os.cpu_count()} CPU cores, OMP_NUM_THREADS="
-            f"{runner.THREADS_PER_PROCESS} in every process; Python {platform.python_version()}."]
+            f"{cfg.threads} in every process; Python {platform.python_version()}."]
 
 
 def new_record_dir(record_dir, name):
@@ -183,13 +185,16 @@ def main(argv):
         return 0
     if len(paths) != 1:
         sys.exit("name one grid file: python compare.py configs/grids/NAME.py [--jobs=2] [--dry_run]")
-    if cfg.jobs < 1:
-        sys.exit(f"--jobs={cfg.jobs}: run at least one training at a time")
+    if cfg.jobs < 0 or cfg.threads < 0:
+        sys.exit(f"--jobs={cfg.jobs} --threads={cfg.threads}: use a positive number, or 0 for the default")
+    cfg.jobs = cfg.jobs or os.cpu_count() or 1
+    cfg.threads = cfg.threads or runner.threads_per_process(cfg.jobs)
     try:
         grid = load_grid(paths[0])
         jobs = plan(grid, cfg.out)
         if cfg.dry_run:
-            print(f"grid {grid.name}: {len(grid.runs)} runs, {len(jobs)} trainings, {cfg.jobs} at a time, "
+            print(f"grid {grid.name}: {len(grid.runs)} runs, {len(jobs)} trainings, {cfg.jobs} at a time "
+                  f"({cfg.threads} thread(s) each), "
                   f"in {os.path.join(cfg.out, grid.name)}")
             for job in jobs:
                 print(describe(job, grid, cfg.out))
@@ -211,7 +216,7 @@ def run_grid(grid, jobs, cfg, argv):
     started = time.time()
     previous = {sig: signal.signal(sig, stop_grid) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        status = runner.run_jobs(jobs, grid, cfg.out, cfg.jobs)
+        status = runner.run_jobs(jobs, grid, cfg.out, cfg.jobs, threads=cfg.threads)
     finally:  # a caller in this process (a test, a notebook) keeps its own handlers afterwards
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -1,4 +1,4 @@
-"""Running a plan: each job's processes (train.py, then evaluate.py, one thread each), at most n_jobs at a time,
+"""Running a plan: each job's processes (train.py, then evaluate.py, `threads` threads each), at most n_jobs at a time,
 each job once the jobs it depends on are done; stopping them on request (compare.py's signal handler)."""
 import os
 import signal
@@ -22,7 +22,11 @@ INTERRUPTED_CODES = (128 + signal.SIGINT, 128 + signal.SIGTERM)  # train.py save
 # A process stopped by the runner's own signal: the codes above, or killed by it (-15, -2) while it was starting
 # or exiting, before or after its handler: "interrupted", not "failed", when the runner asked for the stop.
 STOPPED_CODES = INTERRUPTED_CODES + (-signal.SIGINT, -signal.SIGTERM)
-THREADS_PER_PROCESS = 1  # OMP_NUM_THREADS of every process: --jobs trainings then use --jobs cores
+
+
+def threads_per_process(n_jobs, cores=None):
+    """The cores shared among the jobs running at once: OMP_NUM_THREADS of every process they start."""
+    return max(1, (cores or os.cpu_count() or 1) // n_jobs)
 
 
 child_hook = None  # called with the pids of the running processes whenever they change (compare.py's GridLock)
@@ -40,15 +44,15 @@ def request_stop():
             proc.send_signal(signal.SIGTERM)
 
 
-def launch(job, step, argv, log_name):
-    """Run one process for a job (THREADS_PER_PROCESS threads), output appended to OUT_DIR/<log_name>;
+def launch(job, step, argv, log_name, threads=1):
+    """Run one process for a job (`threads` threads), output appended to OUT_DIR/<log_name>;
     record it in OUT_DIR/launches.json. Returns its exit code."""
     os.makedirs(job.out_dir, exist_ok=True)
     started = time.time()
     with open(os.path.join(job.out_dir, log_name), "a") as log:
         with _running_lock:
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env={**os.environ, "OMP_NUM_THREADS": str(THREADS_PER_PROCESS)},
+                                    env={**os.environ, "OMP_NUM_THREADS": str(threads)},
                                     start_new_session=True)
             _running.add(proc)
             _children_changed()
@@ -71,7 +75,7 @@ def log_line(line):
     sys.stdout.flush()
 
 
-def execute(job, grid, out_root, log=log_line):
+def execute(job, grid, out_root, log=log_line, threads=1):
     """Train (or resume, or skip) and evaluate one job. Returns 'ok' or what went wrong."""
     state = train_state(job, grid, out_root)
     if state != "skip":
@@ -79,7 +83,7 @@ def execute(job, grid, out_root, log=log_line):
         if argv is None:
             return f"failed: no evaluation of {matched_run(job)} seed {job.seed} to match"
         log(f"[{time.strftime('%H:%M:%S')}] {job.label}: {'resuming' if state == 'resume' else 'training'}")
-        code = launch(job, "train", argv, "train.log")
+        code = launch(job, "train", argv, "train.log", threads)
         summary = read_json(os.path.join(job.out_dir, "train_summary.json")) or {}
         if code in INTERRUPTED_CODES:
             return f"interrupted at step {summary.get('iter_num', '?')} (checkpoint saved): run again to resume"
@@ -92,7 +96,7 @@ def execute(job, grid, out_root, log=log_line):
         if stop_requested.is_set():
             return "interrupted before its evaluation: run again to evaluate"
         log(f"[{time.strftime('%H:%M:%S')}] {job.label}: evaluating")
-        code = launch(job, "evaluate", eval_argv(job, grid) + ["--overwrite"], "eval.log")
+        code = launch(job, "evaluate", eval_argv(job, grid) + ["--overwrite"], "eval.log", threads)
         if stop_requested.is_set() and code in STOPPED_CODES:
             return "interrupted during its evaluation: run again to evaluate"
         if code != 0 or read_json(eval_json(job.out_dir)) is None:
@@ -104,8 +108,9 @@ def execute(job, grid, out_root, log=log_line):
     return "ok"
 
 
-def run_jobs(jobs, grid, out_root, n_jobs=1, log=log_line):
-    """Every job, at most n_jobs at a time, each once its dependencies are done. Returns {(run, seed): status}:
+def run_jobs(jobs, grid, out_root, n_jobs=1, log=log_line, threads=1):
+    """Every job, at most n_jobs at a time (each process with `threads` threads), each once its dependencies are
+    done. Returns {(run, seed): status}:
     'ok', 'failed: ...' or 'blocked: ...' (a dependency failed)."""
     status, pending, running = {}, list(jobs), {}
     with ThreadPoolExecutor(max_workers=n_jobs) as pool:
@@ -119,7 +124,7 @@ def run_jobs(jobs, grid, out_root, n_jobs=1, log=log_line):
                     status[job.key] = "interrupted before it started"
                     pending.remove(job)
                 elif len(running) < n_jobs and all(status.get(d) == "ok" for d in job.deps):
-                    running[pool.submit(execute, job, grid, out_root, log)] = job
+                    running[pool.submit(execute, job, grid, out_root, log, threads)] = job
                     pending.remove(job)
             if not running:
                 break

@@ -113,6 +113,28 @@ def test_run_jobs_keeps_the_job_limit_and_the_order_and_blocks_what_depends_on_a
     assert status[("after_broken", 1)] == "blocked: broken seed 1 did not finish"
 
 
+def test_every_process_of_a_job_gets_the_threads_asked_for(tmp_path, monkeypatch):
+    """compare.py shares the cores among the jobs (threads_per_process); each process gets OMP_NUM_THREADS."""
+    assert [runner.threads_per_process(jobs, cores=8) for jobs in (1, 2, 3, 8, 16)] == [8, 4, 2, 1, 1]
+    path = write_grid(tmp_path / "g.py", {"dense": {"schedule": "G"}}, seeds=[1])
+    g = load_grid(path)
+    job = plan(g, str(tmp_path / "out"))[0]
+    seen = []
+
+    class FakeProcess:
+        pid = 12345
+
+        def __init__(self, argv, env, **kwargs):
+            seen.append(env["OMP_NUM_THREADS"])
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(runner.subprocess, "Popen", FakeProcess)
+    assert runner.launch(job, "train", ["python", "train.py"], "train.log", threads=3) == 0
+    assert seen == ["3"]
+
+
 def result(seed, loss, **values):
     return {"seed": seed, "complete": loss is not None, "status": "ok" if loss is not None else "failed: x",
             "val_loss": loss, "global_frac": None, "flops_ideal": 0.5, "flops_computed": 0.5, "kv_bytes": 1024,
@@ -364,7 +386,8 @@ def test_the_readmes_summary_of_the_committed_records_regenerates_byte_for_byte(
 
 @pytest.mark.parametrize("argv, message", [
     (["configs/grids/tiny.py", "--jobs=two"], "config error: config key 'jobs' expects int, got the string 'two'"),
-    (["configs/grids/tiny.py", "--jobs=0"], "--jobs=0: run at least one training at a time"),
+    (["configs/grids/tiny.py", "--jobs=-1"], "--jobs=-1 --threads=0: use a positive number, or 0 for the default"),
+    (["configs/grids/tiny.py", "--threads=-2"], "--jobs=0 --threads=-2: use a positive number"),
     (["configs/grids/tiny.py", "configs/grids/stdlib_bpe.py"], "name one grid file: python compare.py"),
     (["--summary=s"], "--summary=NAME: name the record folders to put side by side"),
     (["configs/grids/tiny.py", "--dry_run", "--jobs"], "config error: override '--jobs' must look like --jobs=VALUE"),
