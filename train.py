@@ -29,7 +29,7 @@ from nanoaha.atomic_files import write_json
 from nanoaha.checkpoint import (BEST_NAME, load_checkpoint, load_model_state, load_resume_checkpoint, save_best,
                                 save_checkpoint)
 from nanoaha.configurator import parse_args_or_exit, run_main
-from nanoaha.device import autocast_context, peak_flops, pick_device, pick_dtype
+from nanoaha.device import autocast_context, dtype_label, peak_flops, pick_device, pick_dtype
 from nanoaha.evaluation import evaluate_loss
 from nanoaha.gpt2_weights import gpt2_state_dict, is_pretrained
 from nanoaha.routing_stats import (format_routing, mean_stats, routing_stats, routing_summary,
@@ -185,7 +185,7 @@ def setup(tcfg, mcfg, ddp, rank, world, device):
     if run.master:
         os.makedirs(tcfg.out_dir, exist_ok=True)
         print(f"{model.num_params() / 1e6:.2f}M parameters, layers {mcfg.layer_letters}, "
-              f"window {mcfg.window}, device {device}, {dtype}, {world} process(es)")
+              f"window {mcfg.window}, device {device}, {dtype_label(tcfg.dtype, device)}, {world} process(es)")
     run.logger = Logger(os.path.join(tcfg.out_dir, "tb"), tcfg.tensorboard and run.master)
     run.val_batches = data.val_batches(tcfg.batch_size, tcfg.eval_iters)
     return run
