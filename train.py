@@ -36,8 +36,9 @@ from nanoaha.routing_stats import (format_routing, mean_stats, routing_stats, ro
                                    training_flops_per_token, warn_collapse)
 from nanoaha.tensorboard_log import Logger
 from nanoaha.train_config import TrainConfig, check_config, corpus_dir
-from nanoaha.training import (LambdaController, StopSignals, TrainingStopped, check_same_data, configure_optimizer,
-                              lambda_ramp, lr_at, restore_rng, routed_mode_at, router_lambda_at, weights_finite)
+from nanoaha.training import (LambdaController, StopSignals, TrainingStopped, check_same_data, compile_model,
+                              configure_optimizer, lambda_ramp, lr_at, restore_rng, routed_mode_at, router_lambda_at,
+                              weights_finite)
 
 
 @dataclass
@@ -178,8 +179,7 @@ def setup(tcfg, mcfg, ddp, rank, world, device):
               trainable_params=[p for p in model.parameters() if p.requires_grad], generator=generator)
     start_from(run)
     if tcfg.compile:
-        torch._dynamo.config.capture_scalar_outputs = True  # sparse mode's gated-row count: traced, not a break
-        run.model = torch.compile(run.model)
+        run.model = compile_model(run.model)
     if ddp:
         run.model = DDP(run.model, device_ids=[int(device.split(":")[1])] if device_type == "cuda" else None)
     if run.master:

@@ -23,14 +23,19 @@ def pick_device(name):
 CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
+def cpuinfo_field(cpuinfo, key):
+    """The value of the first 'key : value' line of /proc/cpuinfo's text ('flags', 'model name'), or None."""
+    for line in cpuinfo.splitlines():
+        name, sep, value = line.partition(":")
+        if sep and name.strip() == key:
+            return value.strip()
+    return None
+
+
 def cpu_bf16_flag(cpuinfo):
     """The first of CPU_BF16_FLAGS on the 'flags' line of /proc/cpuinfo's text, or None."""
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "flags":
-            flags = set(value.split())
-            return next((flag for flag in CPU_BF16_FLAGS if flag in flags), None)
-    return None
+    flags = set((cpuinfo_field(cpuinfo, "flags") or "").split())
+    return next((flag for flag in CPU_BF16_FLAGS if flag in flags), None)
 
 
 def read_cpuinfo():

@@ -29,6 +29,12 @@ def test_native_bf16_is_read_from_the_flags_line(cpuinfo, flag):
     assert device.cpu_bf16_flag(cpuinfo) == flag
 
 
+def test_a_cpuinfo_field_is_the_first_line_with_that_key():
+    assert device.cpuinfo_field(AMD_BF16, "model name") == "AMD EPYC 9R14 96-Core Processor"
+    assert device.cpuinfo_field(NO_BF16, "flags") == "fpu vme avx avx2 avx512f avx512bw"  # not 'vmx flags'
+    assert device.cpuinfo_field(ARM, "model name") is None
+
+
 def test_cpuinfo_is_read_only_on_linux_x86_and_a_failed_read_is_no_bf16(monkeypatch):
     monkeypatch.setattr(device.platform, "machine", lambda: "x86_64")
     monkeypatch.setattr(device.sys, "platform", "darwin")
