@@ -29,15 +29,16 @@ from nanoaha.atomic_files import write_json
 from nanoaha.checkpoint import (BEST_NAME, load_checkpoint, load_model_state, load_resume_checkpoint, save_best,
                                 save_checkpoint)
 from nanoaha.configurator import parse_args_or_exit, run_main
-from nanoaha.device import autocast_context, peak_flops, pick_device, pick_dtype
+from nanoaha.device import autocast_context, dtype_label, peak_flops, pick_device, pick_dtype
 from nanoaha.evaluation import evaluate_loss
 from nanoaha.gpt2_weights import gpt2_state_dict, is_pretrained
 from nanoaha.routing_stats import (format_routing, mean_stats, routing_stats, routing_summary,
                                    training_flops_per_token, warn_collapse)
 from nanoaha.tensorboard_log import Logger
 from nanoaha.train_config import TrainConfig, check_config, corpus_dir
-from nanoaha.training import (LambdaController, StopSignals, TrainingStopped, check_same_data, configure_optimizer,
-                              lambda_ramp, lr_at, restore_rng, routed_mode_at, router_lambda_at, weights_finite)
+from nanoaha.training import (LambdaController, StopSignals, TrainingStopped, check_same_data, compile_model,
+                              configure_optimizer, lambda_ramp, lr_at, restore_rng, routed_mode_at, router_lambda_at,
+                              weights_finite)
 
 
 @dataclass
@@ -178,14 +179,13 @@ def setup(tcfg, mcfg, ddp, rank, world, device):
               trainable_params=[p for p in model.parameters() if p.requires_grad], generator=generator)
     start_from(run)
     if tcfg.compile:
-        torch._dynamo.config.capture_scalar_outputs = True  # sparse mode's gated-row count: traced, not a break
-        run.model = torch.compile(run.model)
+        run.model = compile_model(run.model)
     if ddp:
         run.model = DDP(run.model, device_ids=[int(device.split(":")[1])] if device_type == "cuda" else None)
     if run.master:
         os.makedirs(tcfg.out_dir, exist_ok=True)
         print(f"{model.num_params() / 1e6:.2f}M parameters, layers {mcfg.layer_letters}, "
-              f"window {mcfg.window}, device {device}, {dtype}, {world} process(es)")
+              f"window {mcfg.window}, device {device}, {dtype_label(tcfg.dtype, device)}, {world} process(es)")
     run.logger = Logger(os.path.join(tcfg.out_dir, "tb"), tcfg.tensorboard and run.master)
     run.val_batches = data.val_batches(tcfg.batch_size, tcfg.eval_iters)
     return run

@@ -51,7 +51,7 @@ class TrainConfig:
     save_checkpoint: bool = True
     tensorboard: bool = True
     device: str = "auto"                 # 'auto', 'cpu', 'cuda', 'cuda:1', 'mps'
-    dtype: str = "auto"                  # 'auto' (bf16 on CUDA, else fp32), 'float32', 'bfloat16', 'float16'
+    dtype: str = "auto"                  # 'auto' (bf16 on CUDA and bf16 CPUs, else fp32), 'float32', 'bfloat16', 'float16'
     compile: bool = False
     peak_flops: float = 0.0              # per device, for MFU; 0: a known GPU's 16-bit peak (nanoaha/device.py), else none
     seed: int = 1337

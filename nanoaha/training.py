@@ -129,6 +129,12 @@ def weights_finite(model):
     return all(bool(torch.isfinite(p).all()) for p in model.parameters())
 
 
+def compile_model(model):
+    """torch.compile(model), with sparse mode's gated-row count traced as a scalar, not a graph break."""
+    torch._dynamo.config.capture_scalar_outputs = True
+    return torch.compile(model)
+
+
 def configure_optimizer(model, cfg, device_type):
     """AdamW; weight decay on matrices only (not on norms, biases or the router's bias)."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]

@@ -18,6 +18,10 @@ from nanoaha.configurator import parse_args
 from nanoaha.train_config import TrainConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository: where the scripts run
+# Tests train on the CPU in fp32 on every machine: dtype="auto" picks bf16 on CPUs with native bf16
+# (nanoaha/device.py), and their numbers (exact resumes, DDP against one process, compiled against eager) would
+# then depend on the machine. tests/unit/test_device.py tests auto itself.
+CPU_FP32 = {"device": "cpu", "dtype": "float32"}
 
 
 def flags(values):
@@ -188,7 +192,7 @@ def tiny_train_configs(tmp_path, corpus, **overrides):
     values = {"data_dir": str(corpus), "out_dir": str(tmp_path / "out"), "block_size": 32, "n_layer": 2,
               "n_head": 2, "n_embd": 32, "window": 8, "batch_size": 4, "max_iters": 40, "eval_interval": 20,
               "eval_iters": 2, "log_interval": 10, "warmup_iters": 5, "learning_rate": 3e-3, "router_lambda": 0.01,
-              "router_lambda_ramp": 10, "tensorboard": False, "device": "cpu", **overrides}
+              "router_lambda_ramp": 10, "tensorboard": False, **CPU_FP32, **overrides}
     return train_configs(values)
 
 

@@ -34,6 +34,7 @@ GRID_KEYS = {"base", "common", "seeds", "runs", "references", "evaluate", "compa
 RUNNER_KEYS = {"out_dir", "seed"}  # the runner sets these for each run
 RUNNER_EVAL_KEYS = {"out_dir", "overwrite"}  # the runner's evaluation writes the run's eval.json, replacing it
 SPECIAL = {"run:": "init_from", "matched:": "random_global_q"}  # prefix -> the one key it may be given to
+GRID_WIDE_KEYS = {"dtype"}  # the same for every run (rows in another precision are not comparable): common only
 
 
 class GridError(ValueError):
@@ -179,6 +180,9 @@ def check_evaluate(path, evaluate):
 def check_override(path, run, key, value, runs):
     if key in RUNNER_KEYS:
         raise GridError(f"{path}: {run} sets {key}, which the runner sets for every run (--out, seeds); remove it")
+    if key in GRID_WIDE_KEYS and run != "common":
+        raise GridError(f"{path}: run {run} sets {key}: every run of a grid trains with the same {key}; set it in "
+                        f"common")
     if isinstance(value, str):
         for prefix, allowed in SPECIAL.items():
             if value.startswith(prefix):

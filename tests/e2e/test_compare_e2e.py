@@ -6,14 +6,14 @@ import time
 import pytest
 
 import compare
-from helpers import Script, run_script, table_cells, write_grid
+from helpers import CPU_FP32, Script, run_script, table_cells, write_grid
 from nanoaha import checkpoint
 from nanoaha.grid.gridfile import load_grid
 from nanoaha.grid.plan import launches, plan
 
 TINY = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 32, "window": 8, "batch_size": 4,
         "max_iters": 6, "warmup_iters": 2, "eval_interval": 3, "eval_iters": 1, "log_interval": 1,
-        "router_lambda_ramp": 2, "tensorboard": False, "device": "cpu"}
+        "router_lambda_ramp": 2, "tensorboard": False, **CPU_FP32}
 
 
 def test_grid_runs_skips_what_is_complete_resumes_what_is_not_and_writes_the_record(tmp_path, tiny_corpus):

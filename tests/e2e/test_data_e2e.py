@@ -6,7 +6,7 @@ import numpy as np
 import data.prepare
 import train
 from data.tokens import read_meta
-from helpers import ROOT, documents_of, run_in_own_session, run_script, write_corpus, write_jsonl
+from helpers import CPU_FP32, ROOT, documents_of, flags, run_in_own_session, run_script, write_corpus, write_jsonl
 from model import GPT, GPTConfig
 from nanoaha.configurator import parse_args
 
@@ -47,7 +47,7 @@ def test_training_with_document_aligned_windows(tmp_path, monkeypatch):
     write_corpus(tmp_path / "c", [rng.integers(1, 256, size=rng.integers(5, 80)) for _ in range(60)])
     args = [f"--data_dir='{tmp_path / 'c'}'", f"--out_dir='{tmp_path / 'out'}'", "--doc_aligned_windows", "--max_iters=2",
             "--block_size=16", "--window=4", "--n_layer=1", "--n_head=2", "--n_embd=16", "--eval_iters=1",
-            "--tensorboard=False", "--save_checkpoint=False", "--device='cpu'"]
+            "--tensorboard=False", "--save_checkpoint=False", *flags(CPU_FP32)]
     inputs = []
     forward = GPT.forward
 

@@ -9,7 +9,7 @@ import sys
 import torch
 
 import train
-from helpers import ROOT, flags, run_in_own_session
+from helpers import CPU_FP32, ROOT, flags, run_in_own_session
 from model import GPTConfig
 from nanoaha import checkpoint
 from nanoaha.configurator import parse_args
@@ -17,7 +17,7 @@ from nanoaha.train_config import TrainConfig
 
 TINY = {"block_size": 32, "window": 8, "n_layer": 2, "n_head": 2, "n_embd": 32, "batch_size": 2, "eval_iters": 1,
         "eval_interval": 3, "log_interval": 1, "warmup_iters": 2, "lr_decay_iters": 6, "learning_rate": 3e-3,
-        "router_lambda_ramp": 2, "tensorboard": False, "progress_bar": False, "device": "cpu"}
+        "router_lambda_ramp": 2, "tensorboard": False, "progress_bar": False, **CPU_FP32}
 
 
 def args(corpus, out_dir, **overrides):

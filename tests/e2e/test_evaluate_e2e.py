@@ -11,7 +11,7 @@ import prune
 import sample
 import train
 from data.loader import TokenData
-from helpers import byte_corpus, run_script, train_configs
+from helpers import CPU_FP32, byte_corpus, run_script, train_configs
 from model import GPT, GPTConfig
 from nanoaha.checkpoint import load_checkpoint, load_model, save_checkpoint
 from nanoaha.evaluation import (
@@ -36,7 +36,7 @@ def train_run(out_dir, corpus, **overrides):
               "n_embd": 32, "window": 8, "batch_size": 4, "max_iters": 20, "eval_interval": 20, "eval_iters": 1,
               "log_interval": 20, "warmup_iters": 5, "learning_rate": 3e-3, "router_lambda": 0.01,
               "router_lambda_ramp": 10, "router_init_std": 0.1, "tensorboard": False, "progress_bar": False,
-              "device": "cpu", **overrides}
+              **CPU_FP32, **overrides}
     train.train(*train_configs(values))
     return str(out_dir)
 

@@ -3,7 +3,7 @@ init_from='gpt2' takes with the real weights online)."""
 import torch
 
 import train
-from helpers import GPT2_KEYS, train_configs
+from helpers import CPU_FP32, GPT2_KEYS, train_configs
 from nanoaha import checkpoint
 from nanoaha.gpt2_weights import gpt2_state_dict
 
@@ -13,7 +13,7 @@ def test_train_fine_tunes_routers_onto_gpt2(tmp_path, tiny_gpt2, tiny_corpus):
     values = {"data_dir": str(tiny_corpus), "out_dir": str(tmp_path / "out"), "init_from": init_from,
               "vocab_size": 256, "block_size": 48, "n_layer": 2, "n_head": 2, "n_embd": 32, "window": 8,
               "max_iters": 3, "eval_interval": 3, "eval_iters": 1, "batch_size": 2, "tensorboard": False,
-              "trainable": "router", "router_lambda_ramp": 0, "router_lambda": 0.1, "device": "cpu", **GPT2_KEYS}
+              "trainable": "router", "router_lambda_ramp": 0, "router_lambda": 0.1, **CPU_FP32, **GPT2_KEYS}
     tcfg, mcfg = train_configs(values)
     train.train(tcfg, mcfg)
     tuned = checkpoint.load_checkpoint(str(tmp_path / "out"), "cpu")["model"]
@@ -26,8 +26,8 @@ def test_the_gpt2_finetune_config_runs_shrunk(tmp_path, tiny_gpt2, tiny_corpus):
     _, init_from = tiny_gpt2
     values = {"data_dir": str(tiny_corpus), "out_dir": str(tmp_path / "out"), "init_from": init_from,
               "vocab_size": 256, "block_size": 48, "n_layer": 2, "n_head": 2, "n_embd": 32, "window": 8,
-              "batch_size": 2, "max_iters": 2, "eval_interval": 2, "eval_iters": 1, "dtype": "float32",
-              "compile": False, "tensorboard": False, "device": "cpu"}
+              "batch_size": 2, "max_iters": 2, "eval_interval": 2, "eval_iters": 1, "compile": False,
+              "tensorboard": False, **CPU_FP32}
     tcfg, mcfg = train_configs(values, "configs/gpt2_finetune_routed.py")
     assert (mcfg.position_embedding, mcfg.gelu_approximate, mcfg.bias, mcfg.schedule) == ("learned", "tanh", True, "R")
     assert len(train.train(tcfg, mcfg)["losses"]) == 2

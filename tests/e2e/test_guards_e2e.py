@@ -10,20 +10,20 @@ import torch
 
 import train
 from data.tokens import write_meta, write_tokens
-from helpers import Script, run_script, train_configs
+from helpers import CPU_FP32, Script, flags, run_script, train_configs
 from model import GPT
 from nanoaha import checkpoint
 from nanoaha.training import TrainingStopped
 
 TINY = ["--block_size=32", "--window=8", "--n_layer=1", "--n_embd=32", "--n_head=2", "--eval_iters=1",
-        "--batch_size=2", "--tensorboard=False", "--device=cpu"]
+        "--batch_size=2", "--tensorboard=False", *flags(CPU_FP32)]
 
 
 def configs(tmp_path, corpus, **overrides):
     values = {"data_dir": str(corpus), "out_dir": str(tmp_path / "out"), "block_size": 32, "n_layer": 2,
               "n_head": 2, "n_embd": 32, "window": 8, "batch_size": 4, "max_iters": 6, "eval_interval": 3,
               "eval_iters": 2, "log_interval": 3, "warmup_iters": 2, "learning_rate": 3e-3, "tensorboard": False,
-              "device": "cpu", **overrides}
+              **CPU_FP32, **overrides}
     return train_configs(values)
 
 

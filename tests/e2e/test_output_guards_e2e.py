@@ -6,7 +6,7 @@ import signal
 import time
 
 import compare
-from helpers import Script, run_script, write_grid
+from helpers import CPU_FP32, Script, run_script, write_grid
 from nanoaha import checkpoint
 from nanoaha.grid.gridfile import load_grid
 from nanoaha.grid.lock import LOCK_NAME
@@ -14,7 +14,7 @@ from nanoaha.grid.plan import launches, plan
 
 TINY = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 32, "window": 8, "batch_size": 4,
         "max_iters": 6, "warmup_iters": 2, "eval_interval": 3, "eval_iters": 1, "log_interval": 1,
-        "router_lambda_ramp": 2, "tensorboard": False, "device": "cpu"}
+        "router_lambda_ramp": 2, "tensorboard": False, **CPU_FP32}
 EVALUATE = "evaluate = {'eval_tokens': 512, 'thresholds': [0.5], 'device': 'cpu'}\n"
 
 

@@ -8,7 +8,7 @@ import evaluate
 import train
 from data.loader import TokenData
 from data.prepare import prepare
-from helpers import tiny_recall, train_configs
+from helpers import CPU_FP32, tiny_recall, train_configs
 from nanoaha.checkpoint import load_model
 from nanoaha.evaluation import evaluate_routing
 
@@ -17,7 +17,7 @@ def tiny_run(tmp_path, data_dir, **overrides):
     values = {"data_dir": str(data_dir), "out_dir": str(tmp_path / "out"), "vocab_size": 20, "block_size": 32,
               "n_layer": 2, "n_head": 2, "n_embd": 32, "window": 4, "batch_size": 4, "max_iters": 6,
               "eval_interval": 6, "eval_iters": 1, "log_interval": 3, "warmup_iters": 2, "learning_rate": 3e-3,
-              "tensorboard": False, "progress_bar": False, "device": "cpu", **overrides}
+              "tensorboard": False, "progress_bar": False, **CPU_FP32, **overrides}
     return train_configs(values)
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import train
-from helpers import run_script, tiny_train_configs
+from helpers import CPU_FP32, flags, run_script, tiny_train_configs
 from model import GPT, GPTConfig
 from nanoaha import checkpoint
 from nanoaha.configurator import parse_args
@@ -158,7 +158,7 @@ def test_train_and_sample_command_lines(tmp_path, tiny_corpus):
     out = tmp_path / "out"
     trained = run_script("train.py", "configs/quickstart.py", f"--data_dir={tiny_corpus}", f"--out_dir={out}",
                   "--max_iters=3", "--eval_iters=1", "--block_size=32", "--window=8", "--n_layer=1",
-                  "--log_interval=1", "--device=cpu")
+                  "--log_interval=1", *flags(CPU_FP32))
     assert trained.returncode == 0, trained.stderr
     assert "iter 3: loss" in trained.stdout and "tok/s" in trained.stdout
     sampled = run_script("sample.py", f"--out_dir={out}", "--start=def ", "--max_new_tokens=10", "--show_routing",

@@ -6,13 +6,13 @@ import json
 import pytest
 
 import train
-from helpers import train_configs
+from helpers import CPU_FP32, train_configs
 from model import GPTConfig
 from nanoaha import checkpoint
 
 TINY = {"block_size": 16, "window": 4, "n_layer": 1, "n_head": 2, "n_embd": 16, "batch_size": 2, "eval_iters": 1,
         "eval_interval": 100, "log_interval": 100, "warmup_iters": 1, "tensorboard": False, "progress_bar": False,
-        "device": "cpu"}
+        **CPU_FP32}
 
 
 def configs(out_dir, corpus, **overrides):

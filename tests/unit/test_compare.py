@@ -34,6 +34,7 @@ def test_plan_puts_a_dependency_first_and_points_init_from_at_its_checkpoint(tmp
     ({"a": {"init_from": "run:b"}, "b": {"random_global_q": "matched:a"}}, "", "runs a -> b -> a form a cycle"),
     ({"a": {"schedule": "run:b"}, "b": {}}, "", "'run:NAME' is a value of init_from only"),
     ({"a": {"out_dir": "x"}}, "", "a sets out_dir, which the runner sets"),
+    ({"a": {"dtype": "float32"}, "b": {}}, "", "run a sets dtype: every run of a grid trains with the same dtype"),
     ({"a": {}}, "refrences = {}", "unknown grid setting(s) refrences"),
     ({"a": {}}, "references = {'local': 'b'}", "references['local'] = 'b' is not a run"),
     ({"a": {"init_from": "run:b", "seeds": [3]}, "b": {}}, "", "needs b at seed 3"),
