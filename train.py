@@ -29,7 +29,7 @@ from nanoaha.atomic_files import write_json
 from nanoaha.checkpoint import (BEST_NAME, load_checkpoint, load_model_state, load_resume_checkpoint, save_best,
                                 save_checkpoint)
 from nanoaha.configurator import parse_args_or_exit, run_main
-from nanoaha.device import autocast_context, dtype_label, peak_flops, pick_device, pick_dtype
+from nanoaha.device import DTYPES, autocast_context, dtype_label, dtype_name, peak_flops, pick_device, pick_dtype
 from nanoaha.evaluation import evaluate_loss
 from nanoaha.gpt2_weights import gpt2_state_dict, is_pretrained
 from nanoaha.routing_stats import (format_routing, mean_stats, routing_stats, routing_summary,
@@ -185,7 +185,8 @@ def setup(tcfg, mcfg, ddp, rank, world, device):
     if run.master:
         os.makedirs(tcfg.out_dir, exist_ok=True)
         print(f"{model.num_params() / 1e6:.2f}M parameters, layers {mcfg.layer_letters}, "
-              f"window {mcfg.window}, device {device}, {dtype_label(tcfg.dtype, device)}, {world} process(es)")
+              f"window {mcfg.window}, device {device}, {dtype_label(tcfg.dtype, device, run.dtype)}, "
+              f"{world} process(es)")
     run.logger = Logger(os.path.join(tcfg.out_dir, "tb"), tcfg.tensorboard and run.master)
     run.val_batches = data.val_batches(tcfg.batch_size, tcfg.eval_iters)
     return run
@@ -221,6 +222,7 @@ def resume(run):
     lambda controller and every RNG (exactly, with the same number of processes)."""
     tcfg = run.tcfg
     resumed_from, ckpt = load_resume_checkpoint(tcfg.out_dir, run.device)
+    keep_precision(run, ckpt.get("dtype"))  # checkpoints written before 2026-12-02 do not record it
     now = asdict(run.mcfg)
     changed = {k: (v, now.get(k)) for k, v in ckpt["model_config"].items() if now.get(k) != v and k not in RUNTIME_KEYS}
     if changed:
@@ -380,13 +382,28 @@ def gathered(run, obj):
     return out
 
 
+def keep_precision(run, trained_in):
+    """A run resumed under dtype='auto' continues in the precision it trained in (auto picks per machine, and a
+    checkpoint may move to one that picks another); a dtype named on the command line is used as given."""
+    if trained_in is None or trained_in == dtype_name(run.dtype):
+        return
+    if run.tcfg.dtype == "auto":
+        run.dtype = DTYPES[trained_in]
+        run.scaler = torch.amp.GradScaler(run.device_type, enabled=run.dtype == torch.float16)
+        note = f"continues in {trained_in}, the precision it trained in (dtype=auto; --dtype=NAME to change it)"
+    else:
+        note = f"trained in {trained_in} so far, continues in {run.tcfg.dtype} (--dtype={run.tcfg.dtype})"
+    if run.master:
+        print(f"resuming: the run {note}")
+
+
 def checkpoint_state(run):
     """What resuming needs (nanoaha/checkpoint.py describes the dict). model_config is the config as given: a
     run in sparse_from_iter's exact steps records the mode it trains towards."""
     cuda = torch.cuda.get_rng_state() if run.device_type == "cuda" else None
     return {"model": run.raw_model.state_dict(), "optimizer": run.optimizer.state_dict(),
             "scaler": run.scaler.state_dict() if run.scaler.is_enabled() else None,
-            "model_config": asdict(run.mcfg), "train_config": asdict(run.tcfg),
+            "model_config": asdict(run.mcfg), "train_config": asdict(run.tcfg), "dtype": dtype_name(run.dtype),
             "iter_num": run.iter_num, "best_val_loss": run.best_val, "val_history": run.val_history,
             "router_lambda_state": run.controller.u if run.controller is not None else None,
             "data_meta": run.data.meta,
@@ -448,7 +465,7 @@ def run_summary(run, final):
     """train_summary.json: where the run is and its latest evaluation (the grid runner reads it)."""
     routing = routing_summary(run.last_eval["routing"], run.mcfg.kinds)
     tokens = run.steps_timed * run.global_batch * run.mcfg.block_size
-    return {"iter_num": run.iter_num, "max_iters": run.tcfg.max_iters, "complete": final,
+    return {"iter_num": run.iter_num, "max_iters": run.tcfg.max_iters, "complete": final, "dtype": dtype_name(run.dtype),
             "val_loss": run.last_eval["val_loss"],
             "tokens_per_s": tokens / run.train_time if run.train_time else None,
             "wall_s": time.time() - run.started, "routed_global_frac": routing["global_frac"],

@@ -24,7 +24,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 def profile(schedule, dtype, args):
     """(tokens/s over args.steps timed steps, the profiler's op table of one more step)."""
-    config = GPTConfig(vocab_size=256, block_size=args.block_size, n_layer=4, n_head=4, n_embd=128,
+    config = GPTConfig(vocab_size=256, block_size=args.block_size, n_layer=4, n_head=args.n_head, n_embd=128,
                        window=32, schedule=schedule, routed_mode=args.routed_mode, attention_backend="torch")
     torch.manual_seed(0)
     model = GPT(config)
@@ -60,16 +60,20 @@ def main():
     parser.add_argument("--rows", type=int, default=8, help="ops listed per profile")
     parser.add_argument("--batch_size", type=int, default=4)
     parser.add_argument("--block_size", type=int, default=1024)
+    parser.add_argument("--n_head", type=int, default=4, help="heads of the 128-wide layers (head dim 128 / n_head)")
     args = parser.parse_args()
-    if min(args.threads, args.steps, args.rows, args.batch_size, args.block_size) < 1:
-        parser.error("--threads, --steps, --rows, --batch_size and --block_size must be at least 1")
+    if min(args.threads, args.steps, args.rows, args.batch_size, args.block_size, args.n_head) < 1:
+        parser.error("--threads, --steps, --rows, --batch_size, --block_size and --n_head must be at least 1")
+    if 128 % args.n_head:
+        parser.error(f"--n_head={args.n_head} must divide the width, 128")
     if set("".join(args.kinds)) - set("GLR"):
         parser.error("--kinds are schedules of the letters G, L, R")
     torch.set_num_threads(args.threads)
     for kind in args.kinds:
         for name in args.dtypes:
             tokens_per_s, table = profile(kind, DTYPES[name], args)
-            print(f"\n{kind} {name} ({args.threads} thread(s)): {tokens_per_s:,.0f} tok/s\n{table}", flush=True)
+            print(f"\n{kind} {name} ({args.threads} thread(s), head dim {128 // args.n_head}): "
+                  f"{tokens_per_s:,.0f} tok/s\n{table}", flush=True)
 
 
 if __name__ == "__main__":

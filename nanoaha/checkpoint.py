@@ -1,7 +1,8 @@
 """Checkpoints: written atomically, read with clear errors, loaded into a model with a shape check, and a model
 built from one. train.py, sample.py, evaluate.py and prune.py all go through here.
 
-A checkpoint is a dict: model (state dict), optimizer, model_config, train_config, iter_num, best_val_loss,
+A checkpoint is a dict: model (state dict), optimizer, model_config, train_config, dtype (the precision it
+trained in, since 2026-12-02), iter_num, best_val_loss,
 data_meta (the corpus' meta.json) and rng (every RNG state, for exact resume). A run folder holds the latest
 (ckpt.pt) and the one with the best val loss (ckpt_best.pt).
 """

@@ -70,12 +70,15 @@ def pick_dtype(name, device):
     return DTYPES[name]
 
 
-def dtype_label(name, device):
-    """The dtype as a run's first line names it: 'bfloat16 (auto: CPU has avx512_bf16)', or 'float32' when named."""
+def dtype_label(name, device, dtype=None):
+    """The dtype as a run's first line names it: 'bfloat16 (auto: CPU has avx512_bf16)', or 'float32' when named.
+    dtype: what the run uses, when that is not auto's pick (a resumed run keeps its checkpoint's)."""
     if name != "auto":
         return name
-    dtype, why = auto_dtype(device)
-    return f"{dtype_name(dtype)} (auto: {why})"
+    picked, why = auto_dtype(device)
+    if dtype is not None and dtype != picked:
+        return f"{dtype_name(dtype)} (auto: the checkpoint's; this machine would pick {dtype_name(picked)})"
+    return f"{dtype_name(picked)} (auto: {why})"
 
 
 def dtype_name(dtype):

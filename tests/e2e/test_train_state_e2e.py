@@ -50,3 +50,22 @@ def test_a_checkpoint_in_the_exact_steps_of_sparse_from_iter_records_sparse(tmp_
     for name in ("ckpt.pt", checkpoint.BEST_NAME):
         ckpt = checkpoint.load_checkpoint(str(tmp_path / name), "cpu")
         assert ckpt["model_config"]["routed_mode"] == "sparse" and ckpt["iter_num"] in (0, 2)
+
+
+def test_a_run_resumed_under_auto_keeps_the_precision_it_trained_in(tmp_path, tiny_corpus, capsys):
+    """auto picks per machine (never fp16): a checkpoint trained in fp16 and resumed with dtype=auto goes on in
+    fp16, says so in its first line, and the checkpoint and summary record the precision; a dtype named on the
+    command line is used as given."""
+    train.train(*configs(tmp_path, tiny_corpus, max_iters=2, dtype="float16"))
+    assert checkpoint.load_checkpoint(str(tmp_path), "cpu")["dtype"] == "float16"
+    capsys.readouterr()
+    train.train(*configs(tmp_path, tiny_corpus, max_iters=4, dtype="auto", init_from="resume"))
+    out = capsys.readouterr().out
+    assert "continues in float16, the precision it trained in (dtype=auto" in out
+    assert "float16 (auto: the checkpoint's; this machine would pick" in out
+    with open(tmp_path / "train_summary.json") as f:
+        assert json.load(f)["dtype"] == "float16"
+    assert checkpoint.load_checkpoint(str(tmp_path), "cpu")["dtype"] == "float16"
+    train.train(*configs(tmp_path, tiny_corpus, max_iters=6, dtype="float32", init_from="resume"))
+    assert "trained in float16 so far, continues in float32" in capsys.readouterr().out
+    assert checkpoint.load_checkpoint(str(tmp_path), "cpu")["dtype"] == "float32"
