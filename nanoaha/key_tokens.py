@@ -34,11 +34,15 @@ def default_key_k(vocab_size):
     return BYTE_KEY_K if vocab_size <= 256 else BPE_KEY_K
 
 
-def resolve_key_k(key_k, vocab_size):
-    """key_k as set (0: the corpus' default), checked."""
+def check_key_k(key_k):
     if isinstance(key_k, bool) or not isinstance(key_k, int) or key_k < 0:
         raise ValueError(f"key_k={key_k!r}: give the length of the matched k-gram, an integer >= 1 (0: the "
                          f"default, {BYTE_KEY_K} for byte-level corpora, {BPE_KEY_K} for BPE)")
+
+
+def resolve_key_k(key_k, vocab_size):
+    """key_k as set (0: the corpus' default), checked."""
+    check_key_k(key_k)
     return key_k or default_key_k(vocab_size)
 
 
