@@ -409,7 +409,7 @@ def format_result(result, dtype="float32"):
     score = f"{r['bits_per_byte']:.4f} bits per byte" if r["bits_per_byte"] is not None else \
         f"perplexity {r['perplexity']:.3f}"
     lines = [f"val loss {r['val_loss']:.4f} | {score} | {r['eval_tokens']:,} tokens", key_token_line(r)]
-    if r.get("forced_routing"):
+    if r["forced_routing"]:
         lines.append("forced " + " | forced ".join(f"{name}: val loss {fixed(f['val_loss'])}, key "
                                                    f"{fixed(f['key_loss'])}, other {fixed(f['other_loss'])}"
                                                    for name, f in r["forced_routing"].items()))
@@ -472,6 +472,7 @@ def markdown_table(results, dtype="float32"):
         if r["threshold_sweep"]:
             lines += ["", f"Threshold sweep of {r['run']} (trained at {r['model_config']['router_threshold']:g}):",
                       "", sweep_table(r["threshold_sweep"])]
-            if r.get("forced_routing"):
-                lines += ["", forced_table(r["forced_routing"])]
+        if r["forced_routing"]:
+            lines += ["", f"{r['run']} with every routed head forced global or local:", "",
+                      forced_table(r["forced_routing"])]
     return "\n".join(lines) + "\n"

@@ -35,6 +35,7 @@ def default_key_k(vocab_size):
 
 
 def check_key_k(key_k):
+    """One line for a key_k that is not a k (0 stands for the default)."""
     if isinstance(key_k, bool) or not isinstance(key_k, int) or key_k < 0:
         raise ValueError(f"key_k={key_k!r}: give the length of the matched k-gram, an integer >= 1 (0: the "
                          f"default, {BYTE_KEY_K} for byte-level corpora, {BPE_KEY_K} for BPE)")
@@ -61,9 +62,10 @@ def key_token_labels(tokens, k, window, n_sink=0):
     if n < 1:
         return labels
     grams = tokens.unfold(1, k + 1, 1)  # (B, n, k + 1): x[c-k .. c] for c = k .. T
+    # exact ids (no hash collisions); the window's index is part of the row, so windows never match each other
     rows = torch.cat([torch.arange(B).repeat_interleave(n)[:, None], grams.reshape(B * n, k + 1)], 1)
-    ids = torch.unique(rows, dim=0, return_inverse=True)[1]  # the window's index is part of the row: no
-    ends = torch.arange(k, T + 1).repeat(B)                  # matches across windows
+    ids = torch.unique(rows, dim=0, return_inverse=True)[1]
+    ends = torch.arange(k, T + 1).repeat(B)  # each row's last position c
     never = T + 1  # past every position
     first = torch.full((int(ids.max()) + 1,), never).scatter_reduce(0, ids, ends, "amin")
     past_sinks = torch.where(ends >= n_sink, ends, never)
