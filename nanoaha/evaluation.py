@@ -449,9 +449,9 @@ def sweep_table(rows):
 
 def forced_table(forced):
     """forced_routing's losses as a markdown table."""
-    lines = ["| routed heads | val loss | key / other loss |", "|---|---|---|"]
+    lines = ["| every routed head | val loss | key / other loss |", "|---|---|---|"]
     for name, f in forced.items():
-        lines.append(f"| all {name} | {fixed(f['val_loss'])} | {fixed(f['key_loss'])} / {fixed(f['other_loss'])} |")
+        lines.append(f"| {name} | {fixed(f['val_loss'])} | {fixed(f['key_loss'])} / {fixed(f['other_loss'])} |")
     return "\n".join(lines)
 
 

@@ -179,7 +179,7 @@ def test_command_line_writes_json_and_the_markdown_table(runs, tmp_path, capsys)
     assert [row.split(" | ")[0:2] for row in rows] == [["| random", "RR"], ["| routed", "RR"]]
     assert f"{written['val_loss']:.4f}" in rows[1] and f"bpb {written['bits_per_byte']:.4f}" in rows[1]
     assert f"| {written['key_loss']:.4f} / {written['other_loss']:.4f} (" in rows[1]
-    assert "| all local | " in table and settings["key_k"] == 2
+    assert "| local | " in table and settings["key_k"] == 2
     assert "Threshold sweep of routed" in table and "Threshold sweep of random" not in table
     printed = capsys.readouterr().out
     assert table in printed and f"val loss {written['val_loss']:.4f}" in printed
