@@ -69,6 +69,8 @@ def test_compare_reads_only_the_evaluation_its_grid_asked_for(tmp_path, prepared
     ours = json.load(open(os.path.join(job.out_dir, "eval.json")))
     assert grid_evaluation(job) == ours and eval_state(job, grid) == "skip"
     assert collect(job)["val_loss"] == ours["val_loss"]
+    assert [collect(job)[key] for key in ("key_loss", "other_loss", "key_frac")] == \
+        [ours["key_loss"], ours["other_loss"], ours["key_frac"]]  # kept in rows.json for tables to come
     evaluate.main([job.out_dir, "--eval_tokens=32", "--batch_size=2", "--thresholds=[]", "--device=cpu",
                    "--overwrite"])  # someone evaluates the run with other settings, over the grid's
     assert json.load(open(os.path.join(job.out_dir, "eval.json")))["val_loss"] != ours["val_loss"]
