@@ -1,4 +1,5 @@
-"""Evaluate checkpoints on the same fixed validation tokens: val loss, perplexity or bits per byte, global
+"""Evaluate checkpoints on the same fixed validation tokens: val loss, perplexity or bits per byte, the loss on
+key tokens (targets a copy could predict only from beyond the local window) and on the others, global
 fraction (overall, per layer, per head), attention FLOPs (ideal and computed), KV-cache bytes, a router-
 threshold sweep for learned routers, and on synthetic tasks answer accuracy and router precision/recall.
 
@@ -11,9 +12,9 @@ JSON goes to OUT_DIR/<run>.json and the table to OUT_DIR/eval.md; without it, ea
 checkpoint as eval.json and the table is only printed.
 
 Each JSON records the settings that decide its numbers ("settings": data_dir, eval_tokens, thresholds,
-router_threshold, context_length, batch_size, max_examples, dtype). A JSON written with other settings is never
-replaced silently: evaluate.py refuses, before evaluating anything, unless told --overwrite (or write the new
-evaluation elsewhere with --out_dir). A grid run's eval.json belongs to its grid: compare.py re-evaluates a run
+router_threshold, context_length, batch_size, max_examples, key_k, dtype). A JSON written with other settings is
+never replaced silently: evaluate.py refuses, before evaluating anything, unless told --overwrite (or write the
+new evaluation elsewhere with --out_dir). A grid run's eval.json belongs to its grid: compare.py re-evaluates a run
 whose eval.json has other settings than the grid's (docs/evaluation.md).
 """
 import json
@@ -22,6 +23,7 @@ import sys
 
 from nanoaha.atomic_files import atomic_write, write_json
 from nanoaha.configurator import parse_args_or_exit
+from nanoaha.key_tokens import check_key_k
 from nanoaha.evaluation import (SETTINGS, EvalConfig, check_thresholds, eval_settings, evaluate_checkpoint,
                                 find_checkpoints, format_result, markdown_table, run_name, threshold_list,
                                 trained_data_dir)
@@ -52,6 +54,7 @@ def main(argv):
     thresholds = threshold_list(cfg.thresholds)
     try:
         check_thresholds(thresholds)
+        check_key_k(cfg.key_k)
         checkpoints = find_checkpoints(paths)
         names = [run_name(path) for path in checkpoints]
         if cfg.out_dir and len(set(names)) < len(names):
@@ -68,7 +71,7 @@ def main(argv):
             result = evaluate_checkpoint(
                 path, data_dir, thresholds, context_length=cfg.context_length, eval_tokens=cfg.eval_tokens,
                 batch_size=cfg.batch_size, device=cfg.device, dtype=cfg.dtype, router_threshold=cfg.router_threshold,
-                max_examples=cfg.max_examples, log=print)
+                max_examples=cfg.max_examples, key_k=cfg.key_k, log=print)
             print(format_result(result, cfg.dtype))
             write_result({**result, "settings": settings}, target)
             results.append(result)

@@ -30,7 +30,8 @@ from nanoaha.checkpoint import (BEST_NAME, load_checkpoint, load_model_state, lo
                                 save_checkpoint)
 from nanoaha.configurator import parse_args_or_exit, run_main
 from nanoaha.device import DTYPES, autocast_context, dtype_label, dtype_name, peak_flops, pick_device, pick_dtype
-from nanoaha.evaluation import evaluate_loss
+from nanoaha.evaluation import evaluate_losses, label_key_tokens
+from nanoaha.formatting import fixed
 from nanoaha.gpt2_weights import gpt2_state_dict, is_pretrained
 from nanoaha.routing_stats import (format_routing, mean_stats, routing_stats, routing_summary,
                                    training_flops_per_token, warn_collapse)
@@ -64,10 +65,12 @@ class Run:
     generator: torch.Generator          # data windows and forced-global steps: seeded alike on every rank
     logger: Logger | None = None
     val_batches: list | None = None     # the fixed val windows of every evaluation
+    val_key_labels: list | None = None  # their key-token labels (nanoaha/key_tokens.py), computed once
+    key_k: int = 0                      # the k of those labels (the corpus' default)
     iter_num: int = 0
     best_val: float = math.inf
     val_history: list = field(default_factory=list)  # [step, val loss] of every evaluation
-    last_eval: dict = field(default_factory=dict)    # val_loss and routing of the latest evaluation
+    last_eval: dict = field(default_factory=dict)    # val, key and other loss and routing of the latest evaluation
     losses: list = field(default_factory=list)       # every step's training loss (this rank's last micro-step)
     saved_step: int | None = None                    # the step of the latest checkpoint this run wrote ...
     best_step: int | None = None                     # ... and of the best one
@@ -189,6 +192,7 @@ def setup(tcfg, mcfg, ddp, rank, world, device):
               f"{world} process(es)")
     run.logger = Logger(os.path.join(tcfg.out_dir, "tb"), tcfg.tensorboard and run.master)
     run.val_batches = data.val_batches(tcfg.batch_size, tcfg.eval_iters)
+    run.val_key_labels, run.key_k = label_key_tokens(run.val_batches, mcfg, data.meta["vocab_size"])
     return run
 
 
@@ -432,12 +436,13 @@ def save(run, is_best):
 
 
 def evaluate_and_save(run, final=False):
-    """Val loss and routing on the fixed val batches, logged; a checkpoint (and the best one) if the loss is
-    finite; train_summary.json."""
+    """Val loss (and apart on key tokens and the others) and routing on the fixed val batches, logged; a
+    checkpoint (and the best one) if the loss is finite; train_summary.json."""
     tcfg, mcfg, it = run.tcfg, run.mcfg, run.iter_num
-    # evaluate_loss draws from a fixed RNG (training's does not move); its 'computed' FLOPs count the model's
+    # evaluate_losses draws from a fixed RNG (training's does not move); its 'computed' FLOPs count the model's
     # routed_mode, also during sparse_from_iter's exact steps
-    val_loss, stats = evaluate_loss(run.raw_model, run.val_batches, run.autocast)
+    losses, stats = evaluate_losses(run.raw_model, run.val_batches, run.autocast, key_labels=run.val_key_labels)
+    val_loss = losses["val_loss"]
     finite = math.isfinite(val_loss)
     is_best = finite and val_loss < run.best_val
     run.best_val = min(run.best_val, val_loss) if finite else run.best_val
@@ -445,12 +450,13 @@ def evaluate_and_save(run, final=False):
         run.val_history[-1] = [it, val_loss]
     else:
         run.val_history.append([it, val_loss])
-    run.last_eval = {"val_loss": val_loss, "routing": stats}
+    run.last_eval = {**losses, "routing": stats}
     if run.master:
-        tqdm.write(f"step {it}: val loss {val_loss:.4f} | {format_routing(stats)}")
+        tqdm.write(f"step {it}: val loss {val_loss:.4f} (key tokens {fixed(losses['key_loss'])}, other "
+                   f"{fixed(losses['other_loss'])}) | {format_routing(stats)}")
         if finite:
             warn_collapse(stats, mcfg.kinds, tcfg.collapse_frac, it)
-            run.logger.evaluation(it, val_loss, stats, run.raw_model, run.val_batches[0][0].to(run.device),
+            run.logger.evaluation(it, losses, stats, run.raw_model, run.val_batches[0][0].to(run.device),
                                   run.data.meta, run.autocast)
         else:
             tqdm.write(f"WARNING step {it}: val loss is not finite (the model diverged); no checkpoint written "
@@ -466,7 +472,9 @@ def run_summary(run, final):
     routing = routing_summary(run.last_eval["routing"], run.mcfg.kinds)
     tokens = run.steps_timed * run.global_batch * run.mcfg.block_size
     return {"iter_num": run.iter_num, "max_iters": run.tcfg.max_iters, "complete": final, "dtype": dtype_name(run.dtype),
-            "val_loss": run.last_eval["val_loss"],
+            "val_loss": run.last_eval["val_loss"], "key_loss": run.last_eval["key_loss"],
+            "other_loss": run.last_eval["other_loss"], "key_frac": run.last_eval["key_frac"],
+            "key_tokens": {"k": run.key_k, "window": run.mcfg.window, "n_sink": run.mcfg.n_sink},
             "tokens_per_s": tokens / run.train_time if run.train_time else None,
             "wall_s": time.time() - run.started, "routed_global_frac": routing["global_frac"],
             "model_ideal_flop_frac": routing["attention_flop_frac_ideal"],

@@ -1,7 +1,7 @@
 """Evaluate checkpoints on fixed validation tokens: val loss, perplexity (bits per byte on byte-level corpora),
-where routing went, attention FLOPs, KV-cache bytes, a router-threshold sweep, and on synthetic tasks answer
-accuracy and the routers' precision and recall against the needs_global labels. evaluate.py and compare.py
-report through here, prune.py measures with it.
+the loss on key tokens and on the others (nanoaha/key_tokens.py), where routing went, attention FLOPs, KV-cache
+bytes, a router-threshold sweep, and on synthetic tasks answer accuracy and the routers' precision and recall
+against the needs_global labels. evaluate.py and compare.py report through here, prune.py measures with it.
 
 Every checkpoint is scored on the same windows: ceil(eval_tokens / block_size) windows of block_size tokens,
 evenly spaced over the val split (data/loader.py), under an RNG seeded 0 (random routing draws from it), so
@@ -16,13 +16,15 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from nanoaha.checkpoint import checkpoint_path, load_checkpoint, load_model
 from data.loader import TokenData
 from data.synthetic.tasks import UNKNOWN_LABEL
 from data.tokens import read_meta
 from nanoaha.device import autocast_context, pick_device, pick_dtype
-from nanoaha.formatting import human_bytes, percent
+from nanoaha.formatting import fixed, human_bytes, percent
+from nanoaha.key_tokens import batch_key_labels, check_key_k, resolve_key_k
 from nanoaha.train_config import corpus_dir
 from nanoaha.routing_stats import (kv_cache_bytes, label_counts, mean_stats, precision_recall, ratio, routing_stats,
                            routing_summary)
@@ -40,6 +42,7 @@ class EvalConfig:
     eval_tokens: int = DEFAULT_EVAL_TOKENS  # ceil(eval_tokens / block_size) fixed val windows
     batch_size: int = 8
     max_examples: int = 500                 # synthetic tasks: the accuracy report's val examples
+    key_k: int = 0                          # key tokens: k-gram length of a copy; 0: 8 byte-level, 4 BPE
     router_threshold: float | None = None   # evaluate at this threshold instead of the trained one
     device: str = "auto"
     dtype: str = "float32"                  # evaluation precision and the KV cache's element size
@@ -47,7 +50,7 @@ class EvalConfig:
 
 
 SETTINGS = ("data_dir", "eval_tokens", "thresholds", "router_threshold", "context_length", "batch_size",
-            "max_examples", "dtype")  # what decides an evaluation's numbers; device and out_dir do not
+            "max_examples", "key_k", "dtype")  # what decides an evaluation's numbers; device and out_dir do not
 
 
 def eval_settings(cfg, data_dir):
@@ -133,27 +136,64 @@ def rng_devices(model):
     return [device] if device.type == "cuda" else []
 
 
+def label_key_tokens(batches, config, vocab_size, key_k=0):
+    """The key-token labels of the batches' targets ((B, T) bool per batch) for a model of config, its window
+    and sinks (a dense model's config has a window too: the labels are the text's), and the k used (key_k 0:
+    the corpus' default, from its vocab_size)."""
+    k = resolve_key_k(key_k, vocab_size)
+    return [batch_key_labels(x, y, k, config.window, config.n_sink) for x, y in batches], k
+
+
+def target_losses(logits, targets):
+    """Each target's cross entropy (B, T), 0 where it is -1, from the logits (the model returns only the mean);
+    one window at a time, so the float32 copy of the logits is one window's."""
+    return torch.stack([F.cross_entropy(l.float(), t, ignore_index=-1, reduction="none")
+                        for l, t in zip(logits, targets)])
+
+
+def ratio_or_nan(total, count):
+    return total / count if count else math.nan
+
+
 @torch.no_grad()
-def evaluate_loss(model, batches, autocast=None, force_global=False, router_threshold=None):
-    """Mean LM loss over the scored targets of the batches and their mean routing_stats. Random routing draws
-    from a forked RNG seeded 0: the same gates on every call, and the caller's RNG does not move. The model's
-    train/eval mode is left as it was. Routed layers run 'sparse' here (no gradient): 'computed' FLOPs count
-    the mode the model trains in, 'model_inference_flop_frac' what this evaluation computed.
-    router_threshold: the routers' threshold for this evaluation (None: the model's)."""
+def evaluate_losses(model, batches, autocast=None, force_global=False, router_threshold=None, key_labels=None):
+    """The losses over the scored targets of the batches and their mean routing_stats, as ({'val_loss',
+    'key_loss', 'other_loss', 'key_frac'}, stats). key_labels: a (B, T) bool per batch (label_key_tokens()); the
+    loss over the key targets and over the others comes from the same forward passes as val_loss (nan for
+    both without labels, and for a group without targets). Random routing draws from a forked RNG seeded 0:
+    the same gates on every call, and the caller's RNG does not move. The model's train/eval mode is left as
+    it was. Routed layers run 'sparse' here (no gradient): 'computed' FLOPs count the mode the model trains
+    in, 'model_inference_flop_frac' what this evaluation computed. router_threshold: the routers' threshold
+    for this evaluation (None: the model's)."""
     device, training = next(model.parameters()).device, model.training
     model.eval()
-    loss_sum, scored, stats = 0.0, 0, []
+    loss_sum, scored, key_sum, n_key, other_sum, stats = 0.0, 0, 0.0, 0, 0.0, []
     with torch.random.fork_rng(devices=rng_devices(model)):
         torch.manual_seed(0)
-        for x, y in batches:
+        for i, (x, y) in enumerate(batches):
             x, y = x.to(device), y.to(device)
             with autocast or nullcontext():
                 out = model(x, y, force_global=force_global, router_threshold=router_threshold)
             n = int((y != -1).sum())
             loss_sum, scored = loss_sum + out.lm_loss.item() * n, scored + n
+            if key_labels is not None:
+                losses, is_key = target_losses(out.logits, y), key_labels[i].to(device)
+                key_sum, n_key = key_sum + losses[is_key].sum().item(), n_key + int(is_key.sum())
+                other_sum += losses[~is_key].sum().item()  # unscored targets add 0
             stats.append(routing_stats(out, model.config, mode=model.config.routed_mode))
     model.train(training)
-    return loss_sum / scored if scored else math.nan, mean_stats(stats)
+    labelled = key_labels is not None
+    return {"val_loss": ratio_or_nan(loss_sum, scored),
+            "key_loss": ratio_or_nan(key_sum, n_key) if labelled else math.nan,
+            "other_loss": ratio_or_nan(other_sum, scored - n_key) if labelled else math.nan,
+            "key_frac": ratio_or_nan(n_key, scored) if labelled else math.nan}, mean_stats(stats)
+
+
+def evaluate_loss(model, batches, autocast=None, force_global=False, router_threshold=None):
+    """Mean LM loss over the scored targets of the batches and their mean routing_stats (evaluate_losses
+    without key labels)."""
+    losses, stats = evaluate_losses(model, batches, autocast, force_global, router_threshold)
+    return losses["val_loss"], stats
 
 
 def finite(value):
@@ -165,20 +205,35 @@ def has_learned_router(config):
     return config.routing == "learned" and "routed" in config.kinds
 
 
-def threshold_sweep(model, batches, thresholds, autocast=None):
-    """Loss, global fraction and attention FLOPs of one trained model at each router threshold; [] for a model
-    without learned routers."""
+def threshold_sweep(model, batches, thresholds, autocast=None, key_labels=None):
+    """Loss (and with key_labels the key and other loss), global fraction and attention FLOPs of one trained
+    model at each router threshold; [] for a model without learned routers."""
     check_thresholds(thresholds)
     if not has_learned_router(model.config):
         return []
     rows = []
     for threshold in thresholds:
-        loss, stats = evaluate_loss(model, batches, autocast, router_threshold=threshold)
+        losses, stats = evaluate_losses(model, batches, autocast, router_threshold=threshold, key_labels=key_labels)
         summary = routing_summary(stats, model.config.kinds)
-        rows.append({"threshold": float(threshold), "val_loss": loss, "global_frac": summary["global_frac"],
+        split = {key: losses[key] for key in ("key_loss", "other_loss")} if key_labels is not None else {}
+        rows.append({"threshold": float(threshold), "val_loss": losses["val_loss"], **split,
+                     "global_frac": summary["global_frac"],
                      "attention_flop_frac_ideal": summary["attention_flop_frac_ideal"],
                      "attention_flop_frac_computed": summary["attention_flop_frac_computed"]})
     return rows
+
+
+def forced_routing(model, batches, key_labels, autocast=None):
+    """The losses of a model with learned routers with every routed head forced global, and forced local (a
+    threshold above every router probability): how much the key tokens gain from global attention. Two more
+    passes; None for other models (as the threshold sweep)."""
+    if not has_learned_router(model.config):
+        return None
+    forced = {}
+    for name, how in (("global", {"force_global": True}), ("local", {"router_threshold": math.inf})):
+        losses, _ = evaluate_losses(model, batches, autocast, key_labels=key_labels, **how)
+        forced[name] = {key: losses[key] for key in ("val_loss", "key_loss", "other_loss")}
+    return forced
 
 
 def kv_cache_summary(config, context_length, bytes_per_element):
@@ -296,14 +351,16 @@ def json_ready(value):
 
 def evaluate_checkpoint(path, data_dir="", thresholds=DEFAULT_THRESHOLDS, context_length=0,
                         eval_tokens=DEFAULT_EVAL_TOKENS, batch_size=8, device="cpu", dtype="float32",
-                        router_threshold=None, max_examples=500, log=None):
+                        router_threshold=None, max_examples=500, key_k=0, log=None):
     """Everything evaluate.py reports about one checkpoint, as the JSON-ready dict it writes (README:
     "Evaluating and pruning"). data_dir "": the corpus the checkpoint was trained on. context_length 0: the
-    model's block_size. dtype: the evaluation's precision and the KV cache's element size. log: called with
+    model's block_size. dtype: the evaluation's precision and the KV cache's element size. key_k: the key-token
+    rule's k (0: the corpus' default; nanoaha/key_tokens.py). log: called with
     each line worth printing (what was evaluated on what, and warnings)."""
     check_thresholds(thresholds)
     if router_threshold is not None:
         check_thresholds([router_threshold])
+    check_key_k(key_k)
     device = pick_device(device)
     torch_dtype = pick_dtype(dtype, device)
     autocast = autocast_context(device, torch_dtype)
@@ -326,16 +383,20 @@ def evaluate_checkpoint(path, data_dir="", thresholds=DEFAULT_THRESHOLDS, contex
                 f"distinct windows of {config.block_size} tokens ({n_windows * config.block_size:,} tokens)")
         for note in data_notes(config, trained_on, data.meta):
             log(note)
-    loss, stats = evaluate_loss(model, batches, autocast)
+    labels, k = label_key_tokens(batches, config, data.meta["vocab_size"], key_k)
+    losses, stats = evaluate_losses(model, batches, autocast, key_labels=labels)
+    loss = losses["val_loss"]
     byte_level = data.meta.get("encoding") == "bytes" and "task" not in data.meta
     result = {
         "checkpoint": checkpoint_path(path), "run": run_name(path), "layers": config.layer_letters,
         "model_config": dataclasses.asdict(config), "data_dir": data_dir, "encoding": data.meta.get("encoding"),
         "eval_tokens": n_windows * config.block_size,
         "val_loss": loss, "perplexity": math.exp(loss), "bits_per_byte": loss / math.log(2) if byte_level else None,
+        **losses, "key_tokens": {"k": k, "window": config.window, "n_sink": config.n_sink},
         **routing_summary(stats, config.kinds),
         **kv_cache_summary(config, context_length, torch.finfo(torch_dtype).bits // 8),
-        "threshold_sweep": threshold_sweep(model, batches, thresholds, autocast),
+        "threshold_sweep": threshold_sweep(model, batches, thresholds, autocast, labels),
+        "forced_routing": forced_routing(model, batches, labels, autocast),
     }
     if "task" in data.meta:
         result["synthetic"] = evaluate_routing(model, data, "val", max_examples, batch_size)
@@ -347,7 +408,11 @@ def format_result(result, dtype="float32"):
     r = result
     score = f"{r['bits_per_byte']:.4f} bits per byte" if r["bits_per_byte"] is not None else \
         f"perplexity {r['perplexity']:.3f}"
-    lines = [f"val loss {r['val_loss']:.4f} | {score} | {r['eval_tokens']:,} tokens"]
+    lines = [f"val loss {r['val_loss']:.4f} | {score} | {r['eval_tokens']:,} tokens", key_token_line(r)]
+    if r["forced_routing"]:
+        lines.append("forced " + " | forced ".join(f"{name}: val loss {fixed(f['val_loss'])}, key "
+                                                   f"{fixed(f['key_loss'])}, other {fixed(f['other_loss'])}"
+                                                   for name, f in r["forced_routing"].items()))
     if r["global_frac"] is not None:
         layers = ", ".join(f"{i} {percent(f)}" for i, f in enumerate(r["global_frac_per_layer"]) if f is not None)
         lines.append(f"global {percent(r['global_frac'])} of the routed decisions (per layer: {layers})")
@@ -363,22 +428,42 @@ def format_result(result, dtype="float32"):
     return "\n".join(lines)
 
 
+def key_token_line(r):
+    """The printed line of the key-token split (nanoaha/key_tokens.py)."""
+    rule = r["key_tokens"]
+    return (f"key tokens (copies from beyond the window; k {rule['k']}, window {rule['window']}, {rule['n_sink']} "
+            f"sinks): {percent(r['key_frac'])} of the targets, loss {fixed(r['key_loss'])} | other tokens "
+            f"{fixed(r['other_loss'])}")
+
+
 def sweep_table(rows):
     """A threshold_sweep as a markdown table."""
-    lines = ["| threshold | val loss | global | attn FLOPs ideal / computed |", "|---|---|---|---|"]
+    lines = ["| threshold | val loss | key / other loss | global | attn FLOPs ideal / computed |",
+             "|---|---|---|---|---|"]
     for row in rows:
-        lines.append(f"| {row['threshold']:g} | {row['val_loss']:.4f} | {percent(row['global_frac'])} | "
+        lines.append(f"| {row['threshold']:g} | {row['val_loss']:.4f} | {fixed(row.get('key_loss'))} / "
+                     f"{fixed(row.get('other_loss'))} | {percent(row['global_frac'])} | "
                      f"{percent(row['attention_flop_frac_ideal'])} / {percent(row['attention_flop_frac_computed'])} |")
     return "\n".join(lines)
 
 
+def forced_table(forced):
+    """forced_routing's losses as a markdown table."""
+    lines = ["| every routed head | val loss | key / other loss |", "|---|---|---|"]
+    for name, f in forced.items():
+        lines.append(f"| {name} | {fixed(f['val_loss'])} | {fixed(f['key_loss'])} / {fixed(f['other_loss'])} |")
+    return "\n".join(lines)
+
+
 def markdown_table(results, dtype="float32"):
-    """One row per checkpoint, then a threshold-sweep table per model with learned routers."""
-    lines = ["| run | layers | val loss | ppl / bpb | global | attn FLOPs ideal / computed | "
-             f"KV cache ({dtype}) |", "|---|---|---|---|---|---|---|"]
+    """One row per checkpoint, then a threshold-sweep table per model with learned routers (and its losses
+    forced global and forced local)."""
+    lines = ["| run | layers | val loss | ppl / bpb | key / other loss (key tokens) | global | "
+             f"attn FLOPs ideal / computed | KV cache ({dtype}) |", "|---|---|---|---|---|---|---|---|"]
     for r in results:
         score = f"bpb {r['bits_per_byte']:.4f}" if r["bits_per_byte"] is not None else f"ppl {r['perplexity']:.3f}"
-        lines.append(f"| {r['run']} | {r['layers']} | {r['val_loss']:.4f} | {score} | "
+        lines.append(f"| {r['run']} | {r['layers']} | {r['val_loss']:.4f} | {score} | {fixed(r['key_loss'])} / "
+                     f"{fixed(r['other_loss'])} ({percent(r['key_frac'])}) | "
                      f"{percent(r['global_frac'])} | {percent(r['attention_flop_frac_ideal'])} / "
                      f"{percent(r['attention_flop_frac_computed'])} | {human_bytes(r['kv_cache_bytes'])} at "
                      f"{r['context_length']} ({percent(r['kv_cache_bytes'] / r['kv_cache_bytes_dense'])} "
@@ -387,4 +472,7 @@ def markdown_table(results, dtype="float32"):
         if r["threshold_sweep"]:
             lines += ["", f"Threshold sweep of {r['run']} (trained at {r['model_config']['router_threshold']:g}):",
                       "", sweep_table(r["threshold_sweep"])]
+        if r["forced_routing"]:
+            lines += ["", f"{r['run']} with every routed head forced global or local:", "",
+                      forced_table(r["forced_routing"])]
     return "\n".join(lines) + "\n"

@@ -13,6 +13,11 @@ def percent(fraction, digits=1, missing="-"):
     return f"{100 * fraction:.{digits}f}%"
 
 
+def fixed(value, digits=4, missing="-"):
+    """A loss as a table or a log line prints it: 1.23456 -> '1.2346'; None or nan (no targets) -> missing."""
+    return missing if value is None or math.isnan(value) else f"{value:.{digits}f}"
+
+
 def human_bytes(n):
     """1536 -> '1.5 KiB': whole bytes below 1 KiB, else KiB, MiB or GiB with one decimal."""
     for unit in ("B", "KiB", "MiB", "GiB"):

@@ -1,7 +1,8 @@
 """TensorBoard logging of a training run (rank 0 only): scalars, and at every evaluation where routing went.
 
 Tags:
-- scalars: whatever train.py logs (train/..., train_routing/...), val/loss and val_routing/... at each eval;
+- scalars: whatever train.py logs (train/..., train_routing/...), val/loss, val/key_loss and val/other_loss
+  (the loss on key tokens and on the others, nanoaha/key_tokens.py) and val_routing/... at each eval;
   per-head global fractions as {prefix}_heads_layer{l}/head{h} (one section per layer), and a Custom Scalars
   layout with one chart per routed layer holding its heads;
 - histograms router_p/layer{l}: the router probabilities of every (batch, head, position) decision of the first
@@ -242,15 +243,19 @@ class Logger:
         if fig is not None:
             self.writer.add_image(tag, figure_to_array(fig), step, dataformats="HWC")
 
-    def evaluation(self, step, val_loss, stats, model, x, meta, autocast=nullcontext()):
-        """Everything logged at an evaluation: val/loss and val_routing scalars, the heatmap and long-tail images,
+    def evaluation(self, step, losses, stats, model, x, meta, autocast=nullcontext()):
+        """Everything logged at an evaluation: val/loss, val/key_loss and val/other_loss (losses: evaluate_losses'
+        dict; a loss without targets, nan, is left out) and val_routing scalars, the heatmap and long-tail images,
         router-p histograms, the snippet and a greedy sample. x: (B, T) val tokens, the same at every eval (its
         first row is the snippet); model: the bare model (not DDP/compiled). Runs on a forked, fixed RNG so
         random routing neither changes training nor varies between evals."""
         if not self.writer:
             return
         kinds = model.config.kinds
-        self.scalars(step, {"val/loss": val_loss})
+        val_loss = losses["val_loss"]
+        split = {f"val/{key}": losses[key] for key in ("key_loss", "other_loss")
+                 if math.isfinite(losses.get(key, math.nan))}
+        self.scalars(step, {"val/loss": val_loss, **split})
         routing = self.routing(step, "val_routing", stats, kinds)
         # the final metrics for hparams: val loss and the model-level routing numbers (global fraction, FLOPs)
         self.final = {"val/loss": val_loss, **{k: v for k, v in routing.items() if k.startswith("val_routing/")}}

@@ -24,6 +24,7 @@ def collect(job, status=None):
     return {
         "run": job.run, "seed": job.seed, "complete": complete, "status": status or ("ok" if complete else "missing"),
         "val_loss": result.get("val_loss"), "global_frac": result.get("global_frac"),
+        "key_loss": result.get("key_loss"), "other_loss": result.get("other_loss"), "key_frac": result.get("key_frac"),
         "flops_ideal": result.get("attention_flop_frac_ideal"),
         "flops_computed": result.get("attention_flop_frac_computed"),
         "kv_bytes": result.get("kv_cache_bytes"), "kv_bytes_dense": result.get("kv_cache_bytes_dense"),

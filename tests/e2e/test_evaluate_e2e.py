@@ -5,6 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import evaluate
 import prune
@@ -20,6 +21,7 @@ from nanoaha.evaluation import (
     fixed_val_batches,
     threshold_sweep,
 )
+from nanoaha.key_tokens import key_token_labels
 
 EVAL_TOKENS, BATCH = 2048, 32  # 64 windows of 32 tokens in two batches: a tiny model runs faster in few calls
 FAST = [f"--eval_tokens={EVAL_TOKENS}", f"--batch_size={BATCH}", "--device=cpu"]
@@ -27,7 +29,8 @@ SPEC_KEYS = {"checkpoint", "run", "layers", "model_config", "data_dir", "encodin
              "perplexity", "bits_per_byte", "global_frac", "global_frac_per_layer", "global_frac_per_head",
              "attention_flop_frac_ideal", "attention_flop_frac_computed", "attention_flop_frac_inference",
              "kv_cache_bytes", "kv_cache_bytes_dense",
-             "context_length", "threshold_sweep"}
+             "context_length", "threshold_sweep", "key_loss", "other_loss", "key_frac", "key_tokens",
+             "forced_routing"}
 SWEEP_KEYS = {"threshold", "val_loss", "global_frac", "attention_flop_frac_ideal", "attention_flop_frac_computed"}
 
 
@@ -94,7 +97,7 @@ def test_evaluation_has_the_spec_keys_and_is_the_same_twice(runs):
     first = evaluated(runs.random)
     torch.rand(5)  # another RNG state: random routing must still draw the same gates
     assert evaluated(runs.random) == first
-    assert set(first) == SPEC_KEYS and first["threshold_sweep"] == []
+    assert set(first) == SPEC_KEYS and first["threshold_sweep"] == [] and first["forced_routing"] is None
     assert first["run"] == "random" and first["layers"] == "RR" and first["data_dir"] == runs.corpus
     assert 0.2 < first["global_frac"] < 0.4  # random_global_q = 0.3
     model, _ = load_model(runs.random, "cpu")
@@ -127,23 +130,60 @@ def test_evaluation_has_the_spec_keys_and_is_the_same_twice(runs):
     assert evaluated(runs.routed, dtype="bfloat16", thresholds=())["kv_cache_bytes"] == 2 * (2 * 32 * 2) * 32
 
 
+def test_key_and_other_loss_split_the_val_loss_on_the_same_windows(runs):
+    # the corpus' lines are ~28 bytes long: in 32-token windows a copy of 8 bytes from beyond the window of 8 is
+    # rare (none in these windows), one of 2 bytes is not
+    default = evaluated(runs.routed, thresholds=())
+    assert default["key_tokens"] == {"k": 8, "window": 8, "n_sink": 0}  # bytes: k 8; the model's window
+    assert default["key_frac"] == 0 and default["key_loss"] is None
+    assert default["other_loss"] == pytest.approx(default["val_loss"])
+    result = evaluated(runs.routed, key_k=2)
+    share = result["key_frac"]
+    assert result["key_tokens"]["k"] == 2 and 0 < share < 0.1 and result["val_loss"] == default["val_loss"]
+    assert share * result["key_loss"] + (1 - share) * result["other_loss"] == pytest.approx(result["val_loss"])
+    # by hand: the fixed windows in one batch, the labels of the rule, each target's loss from the logits
+    model, _ = load_model(runs.routed, "cpu")
+    data = TokenData(runs.corpus, 32, 256)
+    x, y = data.batch("val", data.val_starts(64))
+    labels = key_token_labels(torch.cat([x, y[:, -1:]], 1), 2, 8, 0)
+    with torch.no_grad():
+        losses = F.cross_entropy(model(x, y).logits.transpose(1, 2), y, reduction="none")
+    assert share == pytest.approx(labels.float().mean().item())
+    assert result["key_loss"] == pytest.approx(losses[labels].mean().item(), rel=1e-5)
+    assert result["other_loss"] == pytest.approx(losses[~labels].mean().item(), rel=1e-5)
+    # the sweep's rows are split alike; the trained threshold's row is the evaluation's
+    assert all(set(row) == SWEEP_KEYS | {"key_loss", "other_loss"} for row in result["threshold_sweep"])
+    trained = result["threshold_sweep"][2]
+    assert trained["threshold"] == 0.5 and trained["key_loss"] == pytest.approx(result["key_loss"], rel=1e-6)
+    # forced global and forced local: the model with every routed head global, and with every layer local
+    batches = batches_of(model, runs.corpus)
+    forced = result["forced_routing"]
+    assert forced["global"]["val_loss"] == pytest.approx(evaluate_loss(model, batches, force_global=True)[0],
+                                                         rel=1e-6)
+    assert forced["local"]["val_loss"] == pytest.approx(forced_local_loss(runs.routed, batches), rel=1e-5)
+    assert forced["global"]["key_loss"] != forced["local"]["key_loss"]
+
+
 def test_command_line_writes_json_and_the_markdown_table(runs, tmp_path, capsys):
     out = tmp_path / "eval"
-    evaluate.main([str(runs.root / "runs"), f"--out_dir={out}", "--thresholds=0.2,0.8", *FAST])
+    evaluate.main([str(runs.root / "runs"), f"--out_dir={out}", "--thresholds=0.2,0.8", "--key_k=2", *FAST])
     assert sorted(os.listdir(out)) == ["eval.md", "random.json", "routed.json"]
     written = json.load(open(out / "routed.json"))
     assert set(written) == SPEC_KEYS | {"settings"}
     assert [row["threshold"] for row in written["threshold_sweep"]] == [0.2, 0.8]
     settings = written.pop("settings")  # what evaluate.py adds: the settings that decide the numbers
     assert settings["thresholds"] == [0.2, 0.8] and settings["eval_tokens"] == EVAL_TOKENS
-    assert written == evaluated(runs.routed, thresholds=(0.2, 0.8))
+    assert written == evaluated(runs.routed, thresholds=(0.2, 0.8), key_k=2)
     table = (out / "eval.md").read_text()
     rows = [line for line in table.splitlines() if line.startswith(("| random ", "| routed "))]
     assert [row.split(" | ")[0:2] for row in rows] == [["| random", "RR"], ["| routed", "RR"]]
     assert f"{written['val_loss']:.4f}" in rows[1] and f"bpb {written['bits_per_byte']:.4f}" in rows[1]
+    assert f"| {written['key_loss']:.4f} / {written['other_loss']:.4f} (" in rows[1]
+    assert "| local | " in table and settings["key_k"] == 2
     assert "Threshold sweep of routed" in table and "Threshold sweep of random" not in table
     printed = capsys.readouterr().out
     assert table in printed and f"val loss {written['val_loss']:.4f}" in printed
+    assert "key tokens (copies from beyond the window; k 2, window 8, 0 sinks): " in printed
 
     evaluate.main([runs.random, *FAST])  # no --out_dir: beside the ckpt
     assert json.load(open(os.path.join(runs.random, "eval.json")))["run"] == "random"

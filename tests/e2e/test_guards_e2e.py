@@ -88,8 +88,13 @@ def test_a_diverging_run_stops_and_keeps_its_last_good_checkpoints(tmp_path, tin
 def test_a_non_finite_val_loss_writes_no_checkpoint(tmp_path, tiny_corpus, monkeypatch, capsys):
     train.train(*configs(tmp_path, tiny_corpus, max_iters=3))
     before = weights(tmp_path / "out" / "ckpt.pt")
-    evaluate = train.evaluate_loss
-    monkeypatch.setattr(train, "evaluate_loss", lambda *a: (float("nan"), evaluate(*a)[1]))
+    evaluate = train.evaluate_losses
+
+    def diverged(*args, **kwargs):
+        losses, stats = evaluate(*args, **kwargs)
+        return {**losses, "val_loss": float("nan")}, stats
+
+    monkeypatch.setattr(train, "evaluate_losses", diverged)
     train.train(*configs(tmp_path, tiny_corpus, max_iters=6, init_from="resume"))
     assert "val loss is not finite" in capsys.readouterr().out
     after = checkpoint.load_checkpoint(str(tmp_path / "out"), "cpu")

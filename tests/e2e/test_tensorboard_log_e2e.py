@@ -1,4 +1,5 @@
 import io
+import json
 import math
 import os
 
@@ -14,6 +15,7 @@ import train
 from data.loader import TokenData
 from helpers import tiny_train_configs
 from nanoaha import tensorboard_log
+from nanoaha.key_tokens import batch_key_labels
 from nanoaha.tensorboard_log import figure_to_array, head_usage_figure, heatmap_figure, snippet_figure
 
 
@@ -104,6 +106,26 @@ def test_training_writes_every_view_with_sane_values(tmp_path, tiny_corpus, monk
     assert metrics == ["val/loss", "val_routing/global_frac", "val_routing/attention_flop_frac_ideal",
                        "val_routing/attention_flop_frac_computed"]
     assert all(tag in tags["scalars"] for tag in metrics)  # HParams shows their latest values
+
+
+def test_key_and_other_loss_are_logged_at_every_evaluation(tmp_path, tiny_corpus, monkeypatch):
+    monkeypatch.setattr(tensorboard_log, "SAMPLE_NEW_TOKENS", 4)
+    # 64-token windows hold two lines or more: 8-byte copies from beyond the window of 8 (key tokens)
+    tcfg, mcfg = tiny_train_configs(tmp_path, tiny_corpus, tensorboard=True, block_size=64, max_iters=2,
+                                    eval_interval=1)
+    result = train.train(tcfg, mcfg)
+    summary = json.load(open(os.path.join(tcfg.out_dir, "train_summary.json")))
+    labels = [batch_key_labels(x, y, 8, mcfg.window) for x, y in
+              TokenData(str(tiny_corpus), 64, 256).val_batches(tcfg.batch_size, tcfg.eval_iters)]
+    assert summary["key_frac"] == pytest.approx(torch.cat(labels).float().mean().item()) and summary["key_frac"] > 0
+    assert summary["key_tokens"] == {"k": 8, "window": 8, "n_sink": 0}
+    share = summary["key_frac"]
+    assert share * summary["key_loss"] + (1 - share) * summary["other_loss"] == pytest.approx(summary["val_loss"])
+    acc = events(os.path.join(tcfg.out_dir, "tb"))
+    for name in ("key_loss", "other_loss"):
+        scalars = acc.Scalars(f"val/{name}")
+        assert [e.step for e in scalars] == [0, 1, 2]
+        assert scalars[-1].value == pytest.approx(summary[name]) and summary[name] == result[name]
 
 
 def test_logging_leaves_training_unchanged(tmp_path, tiny_corpus, monkeypatch):

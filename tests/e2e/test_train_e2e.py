@@ -94,6 +94,9 @@ def test_budget_targeted_training_adapts_lambda_and_writes_the_summary(tmp_path,
     assert summary["val_loss"] == pytest.approx(result["val_loss"]) and summary["tokens_per_s"] > 0
     assert summary["router_lambdas"] == [pytest.approx(0.5, rel=1e-5)] * 2  # pushed up from 0.01, capped
     assert len(summary["global_frac_per_layer"]) == 2
+    # 32-token windows of ~28-byte lines hold no 8-byte copy from beyond the window: no key tokens
+    assert summary["key_tokens"] == {"k": 8, "window": 8, "n_sink": 0} and summary["key_frac"] == 0
+    assert summary["key_loss"] is None and summary["other_loss"] == pytest.approx(summary["val_loss"])
 
 
 def test_sparse_from_iter_trains_exact_first_then_sparse(tmp_path, tiny_corpus, monkeypatch):

@@ -55,6 +55,7 @@ def test_bad_input_ends_with_one_line(tmp_path, prepared_corpus):
                           ([good, "--router_threshold=2.0"], "outside [0, 1]"),
                           ([good, f"--data_dir={tmp_path / 'nowhere'}"], "meta.json not found"),
                           ([good, "--eval_tokens=0"], "eval_tokens=0"),
+                          ([good, "--key_k=-1"], "key_k=-1: give the length of the matched k-gram"),
                           ([], "name at least one checkpoint")):
         with pytest.raises(SystemExit) as e:
             evaluate.main(argv + ["--device=cpu"])

@@ -31,7 +31,8 @@ def test_evaluate_refuses_to_replace_an_evaluation_written_with_other_settings(t
     path = os.path.join(run, "eval.json")
     first = open(path).read()
     assert json.loads(first)["settings"]["eval_tokens"] == 64
-    for changed in ([f"--data_dir={other}"], ["--eval_tokens=128"], ["--dtype=bfloat16"], ["--thresholds=0.5"]):
+    for changed in ([f"--data_dir={other}"], ["--eval_tokens=128"], ["--dtype=bfloat16"], ["--thresholds=0.5"],
+                    ["--key_k=3"]):
         with pytest.raises(SystemExit) as e:
             evaluate.main([run, *FAST, *changed])
         message = str(e.value.code)
@@ -40,6 +41,11 @@ def test_evaluate_refuses_to_replace_an_evaluation_written_with_other_settings(t
     evaluate.main([run, *FAST])  # the same settings: the same numbers, replaced
     evaluate.main([run, *FAST, f"--data_dir={other}", "--overwrite"])
     assert json.load(open(path))["settings"]["data_dir"] == os.path.abspath(other)
+    written = json.load(open(path))
+    del written["settings"]["key_k"]
+    write_json(path, written)  # an evaluation from before key tokens: its numbers are other settings'
+    with pytest.raises(SystemExit, match=r"other key_k \(None, not 0\).*--overwrite"):
+        evaluate.main([run, *FAST, f"--data_dir={other}"])
     os.remove(path)
     with open(path, "w") as f:  # an evaluation from before settings were recorded
         json.dump({"val_loss": 1.0}, f)
@@ -63,6 +69,8 @@ def test_compare_reads_only_the_evaluation_its_grid_asked_for(tmp_path, prepared
     ours = json.load(open(os.path.join(job.out_dir, "eval.json")))
     assert grid_evaluation(job) == ours and eval_state(job, grid) == "skip"
     assert collect(job)["val_loss"] == ours["val_loss"]
+    assert [collect(job)[key] for key in ("key_loss", "other_loss", "key_frac")] == \
+        [ours["key_loss"], ours["other_loss"], ours["key_frac"]]  # kept in rows.json for tables to come
     evaluate.main([job.out_dir, "--eval_tokens=32", "--batch_size=2", "--thresholds=[]", "--device=cpu",
                    "--overwrite"])  # someone evaluates the run with other settings, over the grid's
     assert json.load(open(os.path.join(job.out_dir, "eval.json")))["val_loss"] != ours["val_loss"]

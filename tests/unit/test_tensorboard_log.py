@@ -38,7 +38,8 @@ def test_disabled_logger_does_nothing(tmp_path):
             raise AssertionError("a disabled logger must not touch the model")
 
     logger = Logger(str(tmp_path / "tb"), enabled=False)
-    logger.evaluation(0, 1.0, {}, Unrunnable(), torch.zeros(1, 4, dtype=torch.long), {"encoding": "bytes"})
+    logger.evaluation(0, {"val_loss": 1.0}, {}, Unrunnable(), torch.zeros(1, 4, dtype=torch.long),
+                      {"encoding": "bytes"})
     logger.hparams({"n_layer": 2})
     logger.close()
     assert not os.path.exists(tmp_path / "tb")
