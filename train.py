@@ -70,6 +70,7 @@ class Run:
     iter_num: int = 0
     best_val: float = math.inf
     val_history: list = field(default_factory=list)  # [step, val loss] of every evaluation
+    key_history: list = field(default_factory=list)  # [step, key-token loss, other tokens' loss] of every evaluation
     last_eval: dict = field(default_factory=dict)    # val, key and other loss and routing of the latest evaluation
     losses: list = field(default_factory=list)       # every step's training loss (this rank's last micro-step)
     saved_step: int | None = None                    # the step of the latest checkpoint this run wrote ...
@@ -240,6 +241,7 @@ def resume(run):
     if ckpt["scaler"] is not None:
         run.scaler.load_state_dict(ckpt["scaler"])
     run.iter_num, run.best_val, run.val_history = ckpt["iter_num"], ckpt["best_val_loss"], ckpt["val_history"]
+    run.key_history = ckpt.get("key_history", [])  # checkpoints before key tokens (2026-12-02) have none
     # what the folder holds, for the divergence message: the resumed checkpoint, the best of the earlier steps
     run.saved_step = run.iter_num if resumed_from == run.ckpt_path else None
     run.best_step = next((step for step, loss in run.val_history if loss == run.best_val), None)
@@ -409,6 +411,7 @@ def checkpoint_state(run):
             "scaler": run.scaler.state_dict() if run.scaler.is_enabled() else None,
             "model_config": asdict(run.mcfg), "train_config": asdict(run.tcfg), "dtype": dtype_name(run.dtype),
             "iter_num": run.iter_num, "best_val_loss": run.best_val, "val_history": run.val_history,
+            "key_history": run.key_history,
             "router_lambda_state": run.controller.u if run.controller is not None else None,
             "data_meta": run.data.meta,
             "rng": {"torch": gathered(run, torch.get_rng_state()), "cuda": gathered(run, cuda),
@@ -446,10 +449,12 @@ def evaluate_and_save(run, final=False):
     finite = math.isfinite(val_loss)
     is_best = finite and val_loss < run.best_val
     run.best_val = min(run.best_val, val_loss) if finite else run.best_val
-    if run.val_history and run.val_history[-1][0] == it:  # resumed at an evaluation's step: evaluated again
-        run.val_history[-1] = [it, val_loss]
-    else:
-        run.val_history.append([it, val_loss])
+    for history, entry in ((run.val_history, [it, val_loss]),
+                           (run.key_history, [it, losses["key_loss"], losses["other_loss"]])):
+        if history and history[-1][0] == it:  # resumed at an evaluation's step: evaluated again
+            history[-1] = entry
+        else:
+            history.append(entry)
     run.last_eval = {**losses, "routing": stats}
     if run.master:
         tqdm.write(f"step {it}: val loss {val_loss:.4f} (key tokens {fixed(losses['key_loss'])}, other "
@@ -480,6 +485,7 @@ def run_summary(run, final):
             "model_ideal_flop_frac": routing["attention_flop_frac_ideal"],
             "model_computed_flop_frac": routing["attention_flop_frac_computed"],
             "global_frac_per_layer": routing["global_frac_per_layer"], "val_history": run.val_history,
+            "key_history": run.key_history,
             "router_lambdas": run.controller.lam.tolist() if run.controller is not None else None,
             "nonfinite_steps": run.nonfinite_total}
 

@@ -68,6 +68,7 @@ def test_grid_runs_skips_what_is_complete_resumes_what_is_not_and_writes_the_rec
     summary = json.load(open(os.path.join(jobs["routed"].out_dir, "train_summary.json")))
     assert summary["complete"] and summary["iter_num"] == 9
     assert [step for step, _ in summary["val_history"]] == [0, 3, 6, 9]  # step 6 once, evaluated again on resume
+    assert [step for step, _, _ in summary["key_history"]] == [0, 3, 6, 9]  # key and other tokens' losses alike
     assert "this invocation: 2 processes" in open(os.path.join(records, record + "_2", "README.md")).read()
     assert compare.main(argv) == 0  # everything complete: the record is drawn again from the runs' files
     assert "this invocation started no process" in open(os.path.join(records, record + "_3", "README.md")).read()

@@ -97,6 +97,9 @@ def test_budget_targeted_training_adapts_lambda_and_writes_the_summary(tmp_path,
     # 32-token windows of ~28-byte lines hold no 8-byte copy from beyond the window: no key tokens
     assert summary["key_tokens"] == {"k": 8, "window": 8, "n_sink": 0} and summary["key_frac"] == 0
     assert summary["key_loss"] is None and summary["other_loss"] == pytest.approx(summary["val_loss"])
+    # every evaluation's key and other losses: no key tokens, so other = val at each step
+    assert [[it, key] for it, key, _ in summary["key_history"]] == [[0, None], [20, None], [40, None], [60, None]]
+    assert [other for _, _, other in summary["key_history"]] == pytest.approx([v for _, v in summary["val_history"]])
 
 
 def test_sparse_from_iter_trains_exact_first_then_sparse(tmp_path, tiny_corpus, monkeypatch):
