@@ -84,9 +84,10 @@ def new_record_dir(record_dir, name):
     return path
 
 
-def val_curves(jobs, rows):
+def val_curves(jobs, rows, history="val_history"):
     """(label, [[step, loss], ...]) of each row's first seed; a run that starts from another run's checkpoint
-    is drawn after that run's steps, so that every curve's step axis counts all the steps behind it."""
+    is drawn after that run's steps, so that every curve's step axis counts all the steps behind it.
+    history='key_history': the loss on key tokens instead (None where the windows held none)."""
     checkpoints = {os.path.join(job.out_dir, "ckpt.pt"): job for job in jobs}
     first = {}
     for job in jobs:
@@ -96,7 +97,8 @@ def val_curves(jobs, rows):
         source = checkpoints.get(first[row.run].tcfg.init_from)
         offset = source.tcfg.max_iters if source else 0
         label = f"{row.run} (after {source.run})" if source else row.run
-        curves.append((label, [[step + offset, loss] for step, loss in row.results[0]["val_history"]]))
+        points = row.results[0].get(history) or []  # records before key tokens have no key_history
+        curves.append((label, [[entry[0] + offset, entry[1]] for entry in points]))
     return curves
 
 
@@ -112,6 +114,9 @@ def write_record(grid, jobs, rows, table, cfg, argv, started, elapsed):
     plots.window(os.path.join(record, "window.png"),
                  [[(w, by_name[run]) for w, run in group] for group in window_groups(jobs)])
     plots.val_curves(os.path.join(record, "val_curves.png"), val_curves(jobs, rows))
+    key_curves = val_curves(jobs, rows, "key_history")
+    if any(loss is not None for _, points in key_curves for _, loss in points):
+        plots.val_curves(os.path.join(record, "key_curves.png"), key_curves, "key-token loss (train.py's eval)")
     heatmaps = []
     for row in rows:
         first = row.results[0]
@@ -132,6 +137,8 @@ def write_record(grid, jobs, rows, table, cfg, argv, started, elapsed):
              "![val loss against attention FLOPs](pareto.png)", "",
              "![global fraction against window](window.png)", "",
              "![val loss curves](val_curves.png)", "",
+             *(["![key-token loss curves](key_curves.png)", ""]
+               if os.path.exists(os.path.join(record, "key_curves.png")) else []),
              *[f"![{name}]({name})" for name in heatmaps], "",
              "## Final log lines", ""]
     for job in jobs:

@@ -182,8 +182,8 @@ def heatmap(path, run, per_head, layers):
     return _save(fig, path)
 
 
-def val_curves(path, curves):
-    """Val loss against step. curves: [(label, [[step, loss], ...]), ...]."""
+def val_curves(path, curves, ylabel="val loss (train.py's eval)"):
+    """A loss against step (val loss; ylabel names another). curves: [(label, [[step, loss], ...]), ...]."""
     fig, ax = _axes(WIDE)
     for i, (label, history) in enumerate(curves):
         # step 0 (the untrained model) dwarfs the rest; a loss of null (nan in training) is no point
@@ -192,8 +192,8 @@ def val_curves(path, curves):
             steps, losses = zip(*sorted(history))
             ax.plot(steps, losses, lw=1, color=_color(i), label=label)
     ax.set_xlabel("step")
-    ax.set_ylabel("val loss (train.py's eval)")
-    ax.set_title("val loss during training (first seed)", fontsize=10)
+    ax.set_ylabel(ylabel)
+    ax.set_title(f"{ylabel.split(' (')[0]} during training (first seed)", fontsize=10)
     ax.grid(alpha=0.3)
     _legend_beside(ax)
     return _save(fig, path)

@@ -33,6 +33,7 @@ def collect(job, status=None):
         "tokens_per_s": summary.get("tokens_per_s"),
         "wall_s": sum(train_wall) if train_wall else summary.get("wall_s"),
         "val_history": summary.get("val_history") or [],
+        "key_history": summary.get("key_history") or [],
     }
 
 
@@ -68,9 +69,9 @@ class Row:
         stat = self.stat(key)
         return None if stat is None else stat[0]
 
-    def losses(self):
-        """{seed: val loss} of the seeds that completed."""
-        return {r["seed"]: r["val_loss"] for r in self.results if r["complete"] and r["val_loss"] is not None}
+    def losses(self, metric="val_loss"):
+        """{seed: val loss (or another loss: 'key_loss')} of the seeds that completed and have it."""
+        return {r["seed"]: r.get(metric) for r in self.results if r["complete"] and r.get(metric) is not None}
 
     @property
     def complete(self):
@@ -152,16 +153,23 @@ def versus_best_fixed(row, best):
     return paired_text(row, best)
 
 
-def paired_by_seed(row, ref):
-    """{seed: val loss minus ref's at that seed} (same backbone init, same data order), for each seed both
-    completed. At equal init a seed's difference varies far less than either row's loss does over seeds."""
-    ref_loss = ref.losses()
-    return {seed: loss - ref_loss[seed] for seed, loss in row.losses().items() if seed in ref_loss}
+def paired_by_seed(row, ref, metric="val_loss"):
+    """{seed: val loss (or metric) minus ref's at that seed} (same backbone init, same data order), for each
+    seed both completed. At equal init a seed's difference varies far less than either row's loss does over
+    seeds."""
+    ref_loss = ref.losses(metric)
+    return {seed: loss - ref_loss[seed] for seed, loss in row.losses(metric).items() if seed in ref_loss}
 
 
-def paired_differences(row, ref):
+def paired_differences(row, ref, metric="val_loss"):
     """paired_by_seed's differences, in seed order of row's results."""
-    return list(paired_by_seed(row, ref).values())
+    return list(paired_by_seed(row, ref, metric).values())
+
+
+def has_key_losses(rows):
+    """Whether any seed of any row has a key-token loss (evaluations before key tokens, 2026-12-02, have none:
+    their records' tables have no key-token columns)."""
+    return any(r.get("key_loss") is not None for row in rows for r in row.results)
 
 
 
@@ -174,14 +182,14 @@ def paired_verdict(diffs, min_seeds=2):
         else "tie"
 
 
-def paired_text(row, ref):
+def paired_text(row, ref, metric="val_loss"):
     """The same-seed cell: mean [min, max] of the differences, and 'better (worse) on every seed' where two or
     more all have one sign, else 'tie'."""
     if ref is None:
         return "no reference"
     if row.run == ref.run:
         return "reference"
-    diffs = paired_differences(row, ref)
+    diffs = paired_differences(row, ref, metric)
     if not diffs:
         return "missing"
     mean, low, high = spread(diffs)
@@ -208,21 +216,30 @@ def results_table(rows, references):
     best = best_fixed(rows, references)
     beats = dense_beats_local(local_row, dense_row)
     gap_header = "vs local and dense" if beats is False else "gap recovery"
-    lines = [f"| run | layers | seeds | val loss mean [min-max] | global fraction | attention FLOPs ideal | "
-             f"computed | KV bytes | training tokens/s | wall time | {gap_header} | vs best fixed, same seed | "
-             f"vs {references.get('local', 'local')}, same seed | vs {references.get('dense', 'dense')}, same seed |",
-             "|" + "---|" * 14]
+    key = has_key_losses(rows)
+    local_name, dense_name = references.get("local", "local"), references.get("dense", "dense")
+    header = ["run", "layers", "seeds", "val loss mean [min-max]", "global fraction", "attention FLOPs ideal",
+              "computed", "KV bytes", "training tokens/s", "wall time", gap_header, "vs best fixed, same seed",
+              f"vs {local_name}, same seed", f"vs {dense_name}, same seed"]
+    if key:
+        header[4:4] = ["key-token loss mean [min-max]"]
+        header += [f"key-token loss vs {local_name}, same seed", f"key-token loss vs {dense_name}, same seed"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         kv, kv_dense = row.mean("kv_bytes"), row.mean("kv_bytes_dense")
         kv_text = "missing" if kv is None else human_bytes(kv) + (f" ({percent(kv / kv_dense, 0)})" if kv_dense else "")
         tok, wall = row.mean("tokens_per_s"), row.mean("wall_s")
-        lines.append(" | ".join([
+        cells = [
             f"| {row.run}", row.layers, seeds_text(row), fmt_loss(row.stat("val_loss")),
             percent(row.mean("global_frac"), 1, missing="-" if row.kind == "fixed" else "missing"),
             percent(row.mean("flops_ideal"), 0, "missing"), percent(row.mean("flops_computed"), 0, "missing"), kv_text,
             "missing" if tok is None else f"{tok:,.0f}", "missing" if wall is None else f"{wall / 60:.1f} min",
             gap_text(row, local_row, dense_row), versus_best_fixed(row, best), paired_text(row, local_row),
-            paired_text(row, dense_row)]) + " |")
+            paired_text(row, dense_row)]
+        if key:
+            cells[4:4] = [fmt_loss(row.stat("key_loss"))]
+            cells += [paired_text(row, local_row, "key_loss"), paired_text(row, dense_row, "key_loss")]
+        lines.append(" | ".join(cells) + " |")
     seed_counts = {len(row.losses()) for row in rows if row.losses()}
     notes = ["", "Val loss: the evaluator's fixed validation windows (evaluate.py), mean over the row's seeds with "
              "[min-max]" + ("; rows ran different numbers of seeds, so compare rows in the same-seed columns, not "
@@ -245,6 +262,13 @@ def results_table(rows, references):
         notes.append(f"Best fixed: {best.run}, the schedule without routed layers with the lowest val loss at "
                      f"equal seeds (the mean same-seed difference to {local})." if local_row else
                      f"Best fixed: {best.run}, the schedule without routed layers with the lowest mean val loss.")
+    if key:
+        fractions = [r.get("key_frac") for row in rows for r in row.results if r.get("key_frac") is not None]
+        notes.append("Key-token loss: the val loss on the targets a copy could predict only from beyond the local "
+                     "window (nanoaha/key_tokens.py, docs/evaluation.md), "
+                     + (f"{percent(min(fractions), 1)}-{percent(max(fractions), 1)} of the scored targets here"
+                        if fractions else "none here")
+                     + "; its same-seed columns are read as the val loss's.")
     notes.append("Same seed: val loss minus the reference's at each seed both ran (a seed fixes the backbone init "
                  "and the data order for every row), mean [min, max] over those seeds; better or worse only where "
                  f"every seed differs in the same direction by {SMALLEST_DIFFERENCE:g} or more (prints as "
@@ -267,9 +291,18 @@ def comparisons_table(rows, comparisons):
     if not comparisons:
         return ""
     by_name = {row.run: row for row in rows}
-    lines = ["| question | runs | val loss difference, same seed |", "|---|---|---|"]
+    if not has_key_losses(rows):
+        lines = ["| question | runs | val loss difference, same seed |", "|---|---|---|"]
+        for question, (run, other) in comparisons.items():
+            lines.append(f"| {question} | {run} - {other} | {comparison_cell(by_name, run, other, 'missing')} |")
+        return "\n".join(lines) + "\n"
+    lines = ["| question | runs | val loss difference, same seed | key-token loss difference, same seed |",
+             "|---|---|---|---|"]
     for question, (run, other) in comparisons.items():
-        lines.append(f"| {question} | {run} - {other} | {comparison_cell(by_name, run, other, 'missing')} |")
+        key_cell = paired_text(by_name[run], by_name[other], "key_loss") \
+            if run in by_name and other in by_name else "missing"
+        lines.append(f"| {question} | {run} - {other} | {comparison_cell(by_name, run, other, 'missing')} | "
+                     f"{key_cell} |")
     return "\n".join(lines) + "\n"
 
 

@@ -324,6 +324,10 @@ def test_val_curves_of_a_fine_tuned_run_start_after_the_run_it_starts_from():
             Row("finetuned", "routed", "R", [1], [result(1, 2.2, val_history=[[0, 2.5], [25, 2.3], [50, 2.2]])])]
     assert compare.val_curves(jobs, rows) == [("dense_half", [[0, 5.0], [50, 2.5]]),
                                               ("finetuned (after dense_half)", [[50, 2.5], [75, 2.3], [100, 2.2]])]
+    # key-token curves: [step, key loss, other loss] entries, the same offset; rows without any draw nothing
+    rows[1].results[0]["key_history"] = [[0, None, 2.5], [25, 2.0, 2.4]]
+    assert compare.val_curves(jobs, rows, "key_history") == [("dense_half", []),
+                                                             ("finetuned (after dense_half)", [[50, None], [75, 2.0]])]
 
 
 def test_the_committed_grids_plan(tmp_path):
@@ -399,3 +403,29 @@ def test_compare_refuses_a_bad_command_line_with_one_line(argv, message):
         compare.main(argv)
     assert str(e.value).startswith(message) and "\n" not in str(e.value)
 
+
+
+def test_key_token_columns_appear_with_key_losses_and_compare_at_the_same_seed():
+    """Rows whose evaluations have key-token losses get a key-token loss column and same-seed differences on it
+    (table and comparisons); the val-loss columns are unchanged."""
+    from nanoaha.grid.tables import comparisons_table
+    rows = [Row("local", "fixed", "L", [1, 2], [result(1, 2.00, key_loss=1.50, key_frac=0.18),
+                                                result(2, 2.02, key_loss=1.54, key_frac=0.19)]),
+            Row("dense", "fixed", "G", [1, 2], [result(1, 2.05, key_loss=1.40, key_frac=0.18),
+                                                result(2, 2.06, key_loss=1.46, key_frac=0.19)])]
+    table = results_table(rows, {"local": "local", "dense": "dense"})
+    header, _, local_line, dense_line = table.splitlines()[:4]
+    columns = [c.strip() for c in header.strip("|").split("|")]
+    assert columns[3:5] == ["val loss mean [min-max]", "key-token loss mean [min-max]"]
+    assert columns[-2:] == ["key-token loss vs local, same seed", "key-token loss vs dense, same seed"]
+    dense_cells = [c.strip() for c in dense_line.strip("|").split("|")]
+    assert len(dense_cells) == len(columns) and dense_cells[4] == "1.430 [1.400-1.460]"
+    # dense - local: val +0.05/+0.04 (worse), key tokens -0.10/-0.08 (better), at the same seeds
+    assert dense_cells[columns.index("vs local, same seed")] == "+0.045 [+0.040, +0.050] worse on every seed"
+    assert dense_cells[-2] == "-0.090 [-0.100, -0.080] better on every seed"
+    assert "18.0%-19.0% of the scored targets here" in table
+    comparisons = comparisons_table(rows, {"dense vs local": ("dense", "local")})
+    assert comparisons.splitlines()[0].endswith("| key-token loss difference, same seed |")
+    assert comparisons.splitlines()[2].endswith("| -0.090 [-0.100, -0.080] better on every seed |")
+    without = [Row(r.run, r.kind, r.layers, r.seeds, [{**x, "key_loss": None} for x in r.results]) for r in rows]
+    assert "key-token" not in results_table(without, {"local": "local", "dense": "dense"}).splitlines()[0]
