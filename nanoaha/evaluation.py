@@ -156,7 +156,8 @@ def ratio_or_nan(total, count):
 
 
 @torch.no_grad()
-def evaluate_losses(model, batches, autocast=None, force_global=False, router_threshold=None, key_labels=None):
+def evaluate_losses(model, batches, autocast=None, force_global=False, router_threshold=None, key_labels=None,
+                    key_counts=None):
     """The losses over the scored targets of the batches and their mean routing_stats, as ({'val_loss',
     'key_loss', 'other_loss', 'key_frac'}, stats). key_labels: a (B, T) bool per batch (label_key_tokens()); the
     loss over the key targets and over the others comes from the same forward passes as val_loss (nan for
@@ -164,7 +165,8 @@ def evaluate_losses(model, batches, autocast=None, force_global=False, router_th
     the same gates on every call, and the caller's RNG does not move. The model's train/eval mode is left as
     it was. Routed layers run 'sparse' here (no gradient): 'computed' FLOPs count the mode the model trains
     in, 'model_inference_flop_frac' what this evaluation computed. router_threshold: the routers' threshold
-    for this evaluation (None: the model's)."""
+    for this evaluation (None: the model's). key_counts: a dict that gets, per (layer, head or 'any'), the
+    routed gates' label_counts against the key labels (key_routing reads it)."""
     device, training = next(model.parameters()).device, model.training
     model.eval()
     loss_sum, scored, key_sum, n_key, other_sum, stats = 0.0, 0, 0.0, 0, 0.0, []
@@ -180,6 +182,9 @@ def evaluate_losses(model, batches, autocast=None, force_global=False, router_th
                 losses, is_key = target_losses(out.logits, y), key_labels[i].to(device)
                 key_sum, n_key = key_sum + losses[is_key].sum().item(), n_key + int(is_key.sum())
                 other_sum += losses[~is_key].sum().item()  # unscored targets add 0
+                if key_counts is not None:
+                    count_gates(key_counts, out.gates, torch.where(y.cpu() == -1, UNKNOWN_LABEL,
+                                                                   key_labels[i].long()))
             stats.append(routing_stats(out, model.config, mode=model.config.routed_mode))
     model.train(training)
     labelled = key_labels is not None
@@ -187,6 +192,23 @@ def evaluate_losses(model, batches, autocast=None, force_global=False, router_th
             "key_loss": ratio_or_nan(key_sum, n_key) if labelled else math.nan,
             "other_loss": ratio_or_nan(other_sum, scored - n_key) if labelled else math.nan,
             "key_frac": ratio_or_nan(n_key, scored) if labelled else math.nan}, mean_stats(stats)
+
+
+def count_gates(counts, gates, labels):
+    """Adds each routed layer's label_counts (the layer: a token any head sent global; and each head) against
+    labels (B, T), aligned with the query positions that predict them, where the routers decide."""
+    for layer, layer_gates in enumerate(gates):
+        if layer_gates is None:
+            continue
+        layer_gates = layer_gates.cpu()
+        for head, gate in [("any", layer_gates.any(1))] + list(enumerate(layer_gates.unbind(1))):
+            counts[layer, head] = counts.get((layer, head), 0) + label_counts(gate, labels)
+
+
+def routing_report(counts):
+    """Per (layer, head or 'any') of summed label_counts: global fraction, precision and recall."""
+    return [dict(layer=layer, head=head, **dict(zip(("global_frac", "precision", "recall"), precision_recall(c))))
+            for (layer, head), c in counts.items()]
 
 
 def evaluate_loss(model, batches, autocast=None, force_global=False, router_threshold=None):
@@ -281,12 +303,7 @@ def evaluate_routing(model, data, split="val", max_examples=500, batch_size=16):
             for row, label in enumerate((0, 1, UNKNOWN_LABEL)):
                 chosen = is_answer & (labels == label)
                 answers[row] += torch.tensor([(correct & chosen).sum(), chosen.sum()])
-            for layer, gates in enumerate(out.gates):
-                if gates is None:
-                    continue
-                gates = gates.cpu()
-                for head, gate in [("any", gates.any(1))] + list(enumerate(gates.unbind(1))):
-                    counts[layer, head] = counts.get((layer, head), 0) + label_counts(gate, labels)
+            count_gates(counts, out.gates, labels)
     total, stats = answers.sum(0), mean_stats(stats)
     return {
         "examples": len(starts), "answers": int(total[1]), "answer_loss": loss_sum / scored if scored else math.nan,
@@ -296,8 +313,7 @@ def evaluate_routing(model, data, split="val", max_examples=500, batch_size=16):
         "routed_mode": model.config.routed_mode,
         "attention_flop_frac_ideal": stats["model_ideal_flop_frac"].item(),
         "attention_flop_frac_computed": stats["model_computed_flop_frac"].item(),
-        "routing": [dict(layer=layer, head=head, **dict(zip(("global_frac", "precision", "recall"), precision_recall(c))))
-                    for (layer, head), c in counts.items()],
+        "routing": routing_report(counts),
     }
 
 
@@ -384,7 +400,8 @@ def evaluate_checkpoint(path, data_dir="", thresholds=DEFAULT_THRESHOLDS, contex
         for note in data_notes(config, trained_on, data.meta):
             log(note)
     labels, k = label_key_tokens(batches, config, data.meta["vocab_size"], key_k)
-    losses, stats = evaluate_losses(model, batches, autocast, key_labels=labels)
+    key_counts = {}
+    losses, stats = evaluate_losses(model, batches, autocast, key_labels=labels, key_counts=key_counts)
     loss = losses["val_loss"]
     byte_level = data.meta.get("encoding") == "bytes" and "task" not in data.meta
     result = {
@@ -397,6 +414,8 @@ def evaluate_checkpoint(path, data_dir="", thresholds=DEFAULT_THRESHOLDS, contex
         **kv_cache_summary(config, context_length, torch.finfo(torch_dtype).bits // 8),
         "threshold_sweep": threshold_sweep(model, batches, thresholds, autocast, labels),
         "forced_routing": forced_routing(model, batches, labels, autocast),
+        # the routers against the key tokens, as the synthetic tasks' report against their labels
+        "key_routing": routing_report(key_counts) if has_learned_router(config) else [],
     }
     if "task" in data.meta:
         result["synthetic"] = evaluate_routing(model, data, "val", max_examples, batch_size)
@@ -423,8 +442,21 @@ def format_result(result, dtype="float32"):
     lines.append(f"KV cache at {r['context_length']:,} positions ({dtype}): {r['kv_cache_bytes']:,} bytes, "
                  f"{percent(r['kv_cache_bytes'] / r['kv_cache_bytes_dense'])} of dense "
                  f"({r['kv_cache_bytes_dense']:,})")
+    if r.get("key_routing"):
+        lines.append(format_key_routing(r["key_routing"]))
     if "synthetic" in r:
         lines.append(format_synthetic(r["synthetic"]))
+    return "\n".join(lines)
+
+
+def format_key_routing(rows):
+    """The routers against the key tokens: per layer ('any' head) and head, global fraction, precision (of the
+    tokens routed global, the fraction that are key tokens) and recall (of the key tokens, the fraction routed
+    global)."""
+    lines = ["routers against key tokens: layer  head  global  precision  recall"]
+    for row in rows:
+        lines.append(f"{'':27}{row['layer']:5}  {row['head']:>4}  {percent(row['global_frac']):>6}     "
+                     f"{percent(row['precision']):>6}  {percent(row['recall']):>6}")
     return "\n".join(lines)
 
 

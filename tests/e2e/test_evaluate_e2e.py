@@ -30,7 +30,7 @@ SPEC_KEYS = {"checkpoint", "run", "layers", "model_config", "data_dir", "encodin
              "attention_flop_frac_ideal", "attention_flop_frac_computed", "attention_flop_frac_inference",
              "kv_cache_bytes", "kv_cache_bytes_dense",
              "context_length", "threshold_sweep", "key_loss", "other_loss", "key_frac", "key_tokens",
-             "forced_routing"}
+             "forced_routing", "key_routing"}
 SWEEP_KEYS = {"threshold", "val_loss", "global_frac", "attention_flop_frac_ideal", "attention_flop_frac_computed"}
 
 
@@ -147,8 +147,17 @@ def test_key_and_other_loss_split_the_val_loss_on_the_same_windows(runs):
     x, y = data.batch("val", data.val_starts(64))
     labels = key_token_labels(torch.cat([x, y[:, -1:]], 1), 2, 8, 0)
     with torch.no_grad():
-        losses = F.cross_entropy(model(x, y).logits.transpose(1, 2), y, reduction="none")
+        out = model(x, y)
+        losses = F.cross_entropy(out.logits.transpose(1, 2), y, reduction="none")
     assert share == pytest.approx(labels.float().mean().item())
+    # the routers against the key labels: layer 0 (a token any head sent global) and its head 1, by hand
+    report = {(row["layer"], row["head"]): row for row in result["key_routing"]}
+    assert len(report) == sum(g is not None for g in out.gates) * (1 + model.config.n_head)
+    for head, gate in (("any", out.gates[0].any(1)), (1, out.gates[0][:, 1])):
+        row = report[0, head]
+        assert row["global_frac"] == pytest.approx(gate.float().mean().item())
+        assert row["recall"] == pytest.approx((gate & labels).sum().item() / labels.sum().item())
+        assert row["precision"] == pytest.approx((gate & labels).sum().item() / gate.sum().item())
     assert result["key_loss"] == pytest.approx(losses[labels].mean().item(), rel=1e-5)
     assert result["other_loss"] == pytest.approx(losses[~labels].mean().item(), rel=1e-5)
     # the sweep's rows are split alike; the trained threshold's row is the evaluation's

@@ -106,3 +106,21 @@ def test_pruning_keeps_a_layer_exactly_at_the_level_and_prunes_one_just_below():
     assert layers_to_prune(fracs, ["routed", "routed", "routed", "local"], level) == [1]
     assert layers_to_prune([0.0, 0.0], ["routed", "routed"], 0.0) == []  # level 0 prunes nothing
 
+
+
+def test_count_gates_scores_each_head_and_the_layer_against_labels_by_hand():
+    """Precision: of the tokens routed global, the fraction labelled 1; recall: of those labelled 1, the fraction
+    routed global; unknown labels (unscored targets) count only in the global fraction; a layer without
+    routers (None) is left out."""
+    from data.synthetic.tasks import UNKNOWN_LABEL
+    from nanoaha.evaluation import count_gates, routing_report
+    gates = [None, torch.tensor([[[1, 0, 1, 0], [0, 0, 1, 1]]], dtype=torch.bool)]  # (B=1, H=2, T=4)
+    labels = torch.tensor([[1, 0, 0, UNKNOWN_LABEL]])
+    counts = {}
+    count_gates(counts, gates, labels)
+    report = {(row["layer"], row["head"]): (row["global_frac"], row["precision"], row["recall"])
+              for row in routing_report(counts)}
+    assert set(report) == {(1, "any"), (1, 0), (1, 1)}
+    assert report[1, 0] == (0.5, 0.5, 1.0)     # global at 0 (key) and 2 (not key)
+    assert report[1, 1] == (0.5, 0.0, 0.0)     # global at 2 (not key) and 3 (unknown); misses the key at 0
+    assert report[1, "any"] == (0.75, 0.5, 1.0)
