@@ -29,7 +29,7 @@ from nanoaha.grid import plots, runner
 from nanoaha.grid.gridfile import GridError, load_grid
 from nanoaha.grid.lock import GridLock
 from nanoaha.grid.plan import describe, launches, plan, train_state, window_groups
-from nanoaha.grid.tables import load_rows, record_table, rows_of, save_rows, summary_record_table
+from nanoaha.grid.tables import has_key_losses, load_rows, record_table, rows_of, save_rows, summary_record_table
 
 
 @dataclass
@@ -110,6 +110,8 @@ def write_record(grid, jobs, rows, table, cfg, argv, started, elapsed):
     save_rows(os.path.join(record, "rows.json"), grid, rows)
     shutil.copyfile(grid.path, os.path.join(record, os.path.basename(grid.path)))
     plots.pareto(os.path.join(record, "pareto.png"), rows, grid.references)
+    if has_key_losses(rows):
+        plots.pareto(os.path.join(record, "pareto_key_tokens.png"), rows, grid.references, metric="key_loss")
     by_name = {row.run: row for row in rows}
     plots.window(os.path.join(record, "window.png"),
                  [[(w, by_name[run]) for w, run in group] for group in window_groups(jobs)])
@@ -135,6 +137,8 @@ def write_record(grid, jobs, rows, table, cfg, argv, started, elapsed):
              "## Results", "", "[table.md](table.md):", "", table, "",
              "## Plots", "",
              "![val loss against attention FLOPs](pareto.png)", "",
+             *(["![key-token loss against attention FLOPs](pareto_key_tokens.png)", ""] if has_key_losses(rows)
+               else []),
              "![global fraction against window](window.png)", "",
              "![val loss curves](val_curves.png)", "",
              *(["![key-token loss curves](key_curves.png)", ""]

@@ -45,15 +45,17 @@ def _error(stat):
 PARETO_TITLE = "squares fixed, triangles random, circles routed; lines: threshold sweeps"
 
 
-def pareto(path, rows, references=None):
+def pareto(path, rows, references=None, metric="val_loss"):
     """Val loss against ideal attention FLOPs: every fixed schedule and random run a point with its seed range
     as error bars, every routed run its threshold-sweep curves (one thin line per seed) and its trained point.
     With a local reference, val loss is measured from local's at the same seed (_losses).
     The loss axis ends as far above the worse reference as the best run is below it: a run above that is named
-    in the legend with its loss, off the plot, so that it does not squash the runs that compete."""
+    in the legend with its loss, off the plot, so that it does not squash the runs that compete.
+    metric='key_loss': the loss on key tokens instead (the sweep's rows have it too)."""
     fig, ax = _axes(WIDE)
-    _pareto_points(ax, rows, {row.run: _color(i) for i, row in enumerate(rows)}, references)
-    ax.set_title(f"loss against attention cost ({PARETO_TITLE})", fontsize=9)
+    _pareto_points(ax, rows, {row.run: _color(i) for i, row in enumerate(rows)}, references, metric=metric)
+    what = "key-token loss" if metric == "key_loss" else "loss"
+    ax.set_title(f"{what} against attention cost ({PARETO_TITLE})", fontsize=9)
     _legend_beside(ax)
     return _save(fig, path)
 
@@ -79,19 +81,20 @@ def pareto_panels(path, panels):
     return fig
 
 
-def _losses(rows, references):
-    """Each row's val loss spread (mean, min, max) and {seed: loss} on the plot's scale, and the axis label:
-    minus the local reference's loss at the same seed where it has results (a seed moves every row's loss
-    alike, by more than the rows differ; rows with a third seed would otherwise sit higher or lower for it),
-    else the raw val loss."""
+def _losses(rows, references, metric="val_loss"):
+    """Each row's val loss (or metric) spread (mean, min, max) and {seed: loss} on the plot's scale, and the axis
+    label: minus the local reference's loss at the same seed where it has results (a seed moves every row's
+    loss alike, by more than the rows differ; rows with a third seed would otherwise sit higher or lower for
+    it), else the raw loss."""
+    name = "key-token loss" if metric == "key_loss" else "val loss"
     anchor = {row.run: row for row in rows}.get((references or {}).get("local"))
-    if anchor is None or not anchor.losses():
-        return {row.run: (row.stat("val_loss"), row.losses()) for row in rows}, "val loss"
+    if anchor is None or not anchor.losses(metric):
+        return {row.run: (row.stat(metric), row.losses(metric)) for row in rows}, name
     scaled = {}
     for row in rows:
-        by_seed = paired_by_seed(row, anchor)
+        by_seed = paired_by_seed(row, anchor, metric)
         scaled[row.run] = (spread(list(by_seed.values())), by_seed)
-    return scaled, f"val loss minus {anchor.run}'s, same seed"
+    return scaled, f"{name} minus {anchor.run}'s, same seed"
 
 
 def _loss_ceiling(losses, references):
@@ -105,10 +108,10 @@ def _loss_ceiling(losses, references):
     return 2 * max(refs) - min(means)
 
 
-def _pareto_points(ax, rows, colors, references=None, loss_in_legend=True):
-    losses, label = _losses(rows, references)
+def _pareto_points(ax, rows, colors, references=None, loss_in_legend=True, metric="val_loss"):
+    losses, label = _losses(rows, references, metric)
     ceiling = _loss_ceiling(losses, references)
-    offset = label != "val loss"
+    offset = "minus" in label
     for row in rows:
         (loss, by_seed), flops = losses[row.run], row.stat("flops_ideal")
         if loss is None or flops is None:
@@ -122,8 +125,9 @@ def _pareto_points(ax, rows, colors, references=None, loss_in_legend=True):
             for result in row.results:
                 if result["seed"] not in by_seed:
                     continue
-                shift = by_seed[result["seed"]] - result["val_loss"]  # the same offset as the trained point
-                sweep = sorted((p["attention_flop_frac_ideal"], p["val_loss"] + shift) for p in result["sweep"])
+                shift = by_seed[result["seed"]] - result[metric]  # the same offset as the trained point
+                sweep = sorted((p["attention_flop_frac_ideal"], p[metric] + shift) for p in result["sweep"]
+                               if p.get(metric) is not None)
                 if sweep:
                     ax.plot(*zip(*sweep), color=color, lw=0.7, alpha=0.6)
         ax.errorbar([flops[0]], [loss[0]], yerr=_error(loss), xerr=_error(flops), fmt=MARKERS[row.kind],

@@ -429,3 +429,22 @@ def test_key_token_columns_appear_with_key_losses_and_compare_at_the_same_seed()
     assert comparisons.splitlines()[2].endswith("| -0.090 [-0.100, -0.080] better on every seed |")
     without = [Row(r.run, r.kind, r.layers, r.seeds, [{**x, "key_loss": None} for x in r.results]) for r in rows]
     assert "key-token" not in results_table(without, {"local": "local", "dense": "dense"}).splitlines()[0]
+
+
+def test_the_key_token_pareto_plots_key_losses_at_the_same_seed(tmp_path):
+    """pareto(metric='key_loss'): key-token loss minus local's at the same seed, sweep lines from the sweep
+    rows' key_loss, shifted as the trained point."""
+    sweep = [{"threshold": t, "val_loss": 2.0, "key_loss": 1.3 + t, "global_frac": 1 - t,
+              "attention_flop_frac_ideal": 1 - t, "attention_flop_frac_computed": 1.0} for t in (0.1, 0.9)]
+    rows = [Row("local", "fixed", "L", [1], [result(1, 2.30, key_loss=1.50, flops_ideal=0.05)]),
+            Row("dense", "fixed", "G", [1], [result(1, 2.40, key_loss=1.35, flops_ideal=1.0)]),
+            Row("routed", "routed", "R", [1], [result(1, 2.25, key_loss=1.42, flops_ideal=0.3, sweep=sweep)])]
+    fig = plots.pareto(tmp_path / "pareto_key.png", rows, {"local": "local", "dense": "dense"}, metric="key_loss")
+    ax = fig.axes[0]
+    assert ax.get_ylabel() == "key-token loss minus local's, same seed" and "key-token loss" in ax.get_title()
+    points = {c.get_label(): c.lines[0].get_xydata()[0].tolist() for c in ax.containers}
+    assert points == {"local": pytest.approx([0.05, 0.0]), "dense": pytest.approx([1.0, -0.15]),
+                      "routed": pytest.approx([0.3, -0.08])}
+    (line,) = [line for line in ax.lines if line.get_linewidth() == 0.7]
+    # the sweep's key losses 1.4 and 2.2 shifted by the trained point's offset (-0.08 - 1.42)
+    assert line.get_xydata().tolist() == [pytest.approx([0.1, 2.2 - 1.5]), pytest.approx([0.9, 1.4 - 1.5])]
