@@ -359,15 +359,17 @@ def summary_table(grids):
     """One table over several grids with the same runs: per run, for each grid, the val loss (mean [min-max]),
     the routed global fraction, the ideal attention FLOPs vs dense, and the same-seed differences to the grid's
     best fixed schedule and to local. grids: [(title, rows, references)]."""
+    key = [has_key_losses(rows) for _, rows, _ in grids]  # a grid evaluated with key tokens gets its columns
     names, layers = [], {}
     for _, rows, _ in grids:
         for row in rows:
             if row.run not in layers:
                 names.append(row.run)
                 layers[row.run] = row.layers
-    header = ["run", "layers"] + [f"{title}: {column}" for title, _, _ in grids
-                                  for column in ("val loss", "global", "attn FLOPs", "vs best fixed, same seed",
-                                                 "vs local, same seed")]
+    columns = ("val loss", "global", "attn FLOPs", "vs best fixed, same seed", "vs local, same seed")
+    key_columns = ("key-token loss", "key-token loss vs local, same seed")
+    header = ["run", "layers"] + [f"{title}: {column}" for (title, _, _), has_key in zip(grids, key)
+                                  for column in columns + (key_columns if has_key else ())]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     by_grid = []
     for _, rows, references in grids:
@@ -375,20 +377,24 @@ def summary_table(grids):
         by_grid.append((by_name, best_fixed(rows, references), by_name.get(references.get("local"))))
     for name in names:
         cells = [name, layers[name]]
-        for by_name, best, local_row in by_grid:
+        for (by_name, best, local_row), has_key in zip(by_grid, key):
             row = by_name.get(name)
             if row is None:
-                cells += ["-"] * 5
+                cells += ["-"] * (len(columns) + (len(key_columns) if has_key else 0))
                 continue
             cells += [fmt_loss(row.stat("val_loss")), percent(row.mean("global_frac"), 1),
                       percent(row.mean("flops_ideal"), 0, "missing"), versus_best_fixed(row, best),
                       paired_text(row, local_row)]
+            if has_key:
+                cells += [fmt_loss(row.stat("key_loss")), paired_text(row, local_row, "key_loss")]
         lines.append("| " + " | ".join(cells) + " |")
     notes = ["", "Val loss on each grid's fixed validation windows, mean over the row's seeds with [min-max]; global: "
              "the routed layers' global decisions; attention FLOPs: ideal, vs an all-dense model of the same shape; "
              "same seed: val loss minus the reference's at each seed both ran, mean [min, max], better or worse "
              f"only where every seed differs in the same direction by {SMALLEST_DIFFERENCE:g} or more, else a tie. "
-             "Best fixed: the schedule without routed layers with the lowest mean same-seed difference to local."]
+             "Best fixed: the schedule without routed layers with the lowest mean same-seed difference to local."
+             + (" Key-token loss: the loss on the targets a copy could predict only from beyond the local window "
+                "(docs/evaluation.md), for grids evaluated with key tokens." if any(key) else "")]
     for (title, rows, _), (_, best, _) in zip(grids, by_grid):
         if best:
             notes.append(f"{title}: best fixed schedule {best.run} ({fmt_loss(best.stat('val_loss'))}).")

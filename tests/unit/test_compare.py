@@ -448,3 +448,20 @@ def test_the_key_token_pareto_plots_key_losses_at_the_same_seed(tmp_path):
     (line,) = [line for line in ax.lines if line.get_linewidth() == 0.7]
     # the sweep's key losses 1.4 and 2.2 shifted by the trained point's offset (-0.08 - 1.42)
     assert line.get_xydata().tolist() == [pytest.approx([0.1, 2.2 - 1.5]), pytest.approx([0.9, 1.4 - 1.5])]
+
+
+def test_the_summary_gives_key_token_columns_to_grids_evaluated_with_key_tokens():
+    """A grid whose evaluations have key-token losses gets two more columns in the summary (its key-token loss
+    and the same-seed difference to local); a grid without them keeps its five."""
+    from nanoaha.grid.tables import summary_table
+    old = [Row("local", "fixed", "L", [1], [result(1, 2.30)]), Row("routed", "routed", "R", [1], [result(1, 2.25)])]
+    new = [Row("local", "fixed", "L", [1], [result(1, 2.30, key_loss=1.50)]),
+           Row("routed", "routed", "R", [1], [result(1, 2.25, key_loss=1.42)])]
+    refs = {"local": "local"}
+    table = summary_table([("old", old, refs), ("new", new, refs)])
+    header = [c.strip() for c in table.splitlines()[0].strip("|").split("|")]
+    assert header[-2:] == ["new: key-token loss", "new: key-token loss vs local, same seed"]
+    assert not any(c.startswith("old: key") for c in header) and len(header) == 2 + 5 + 7
+    cells = table_cells(table)["routed"]
+    assert cells[-2:] == ["1.420", "-0.080 (1 seed)"]
+    assert "Key-token loss:" in table and "Key-token loss:" not in summary_table([("old", old, refs)])
