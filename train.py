@@ -35,7 +35,7 @@ from nanoaha.formatting import fixed
 from nanoaha.gpt2_weights import gpt2_state_dict, is_pretrained
 from nanoaha.routing_stats import (format_routing, mean_stats, routing_stats, routing_summary,
                                    training_flops_per_token, warn_collapse)
-from nanoaha.tensorboard_log import Logger
+from nanoaha.tensorboard_log import Logger, run_hparams
 from nanoaha.train_config import TrainConfig, check_config, corpus_dir
 from nanoaha.training import (LambdaController, StopSignals, TrainingStopped, check_same_data, compile_model,
                               configure_optimizer, lambda_ramp, lr_at, restore_rng, routed_mode_at, router_lambda_at,
@@ -280,7 +280,7 @@ def train_loop(run, signals):
                 stop_on_signal(run, signals)
         bar.close()
         evaluate_and_save(run, final=True)
-        run.logger.hparams({**asdict(tcfg), **asdict(run.mcfg)})
+        run.logger.hparams(run_hparams(tcfg, run.mcfg, dtype_name(run.dtype)))
     finally:
         bar.close()
         run.logger.close()

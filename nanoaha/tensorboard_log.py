@@ -11,13 +11,18 @@ Tags:
   global first) and val_routing/snippet (a fixed val snippet, each token shaded by how many routed heads went
   global);
 - text val/sample: a greedy continuation of the snippet's first tokens;
-- hparams (HParams tab): the run's config and the final val metrics, in the run's own folder.
+- hparams (HParams tab): the run's config, in the run's own folder, with one experiment summary that every run
+  writes alike (the same hparams and metrics, whatever the run's schedule), so whichever TensorBoard reads first
+  describes them all.
 
 The drawing functions take plain numbers and return matplotlib figures (no pyplot: no global state, no display).
 """
 import math
 import re
+import time
 from contextlib import nullcontext
+from dataclasses import fields
+from typing import get_type_hints
 
 import matplotlib
 import numpy as np
@@ -26,6 +31,10 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import PowerNorm
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, PercentFormatter
+from tensorboard.compat.proto.summary_pb2 import Summary
+from tensorboard.plugins.hparams import api_pb2
+from tensorboard.plugins.hparams import metadata as hparams_metadata
+from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData, SessionEndInfo, SessionStartInfo
 
 from data.tokens import codec
 from nanoaha.formatting import percent
@@ -37,6 +46,13 @@ SAMPLE_NEW_TOKENS = 100    # ... by this many
 SNIPPET_COLUMNS = 100      # characters per line of the snippet image
 P_BIN_EDGES = np.linspace(0.0, 1.0, 51)  # fixed histogram bins, so steps and runs compare
 KIND_LABEL = {"dense": "dense: every token global", "local": "local: window only"}
+# The HParams tab's metric columns, the same for every run (a run without routers declares the routing ones too
+# and shows an empty cell); TensorBoard shows the first five without a tick, so the computed FLOPs need one.
+HPARAMS_METRICS = ("val/loss", "val/key_loss", "val/other_loss", "val_routing/global_frac",
+                   "val_routing/attention_flop_frac_ideal", "val_routing/attention_flop_frac_computed")
+# TensorBoard shows five hparams without a tick: those marked 'differs' first, by name. These five tell the runs
+# of a comparison apart (layers: the layer letters, schedule repeated to n_layer); the rest are a tick away.
+HPARAMS_SHOWN = ("layers", "router_lambda", "router_target_global", "seed", "window")
 
 
 def group_head_tags(values):
@@ -209,16 +225,66 @@ def code_block(text):
     return "\n".join("    " + line for line in text.split("\n"))
 
 
-def hparam_values(config):
-    """The scalar entries of a flat config dict (HParams takes numbers, strings and booleans)."""
-    return {k: v for k, v in config.items() if isinstance(v, (bool, int, float, str))}
+def hparam_value(declared, value):
+    """A config value as HParams holds it, by the field's declared type (not the value's, so that every run gives
+    a field the same type): bool, a number as float, str; anything else (None, a list, a union) as its text."""
+    if declared is bool:
+        return bool(value)
+    if declared in (int, float):
+        return float(value)
+    return value if declared is str else str(value)
+
+
+def run_hparams(tcfg, mcfg, dtype):
+    """Every field of the run's TrainConfig and GPTConfig, plus layers (the layer letters) and dtype, the
+    precision the run trained in (what 'auto' picked)."""
+    values = {}
+    for config in (tcfg, mcfg):
+        declared = get_type_hints(type(config))
+        values.update({f.name: hparam_value(declared[f.name], getattr(config, f.name)) for f in fields(config)})
+    return {**values, "layers": mcfg.layer_letters, "dtype": dtype}
+
+
+HPARAM_TYPE = {bool: api_pb2.DATA_TYPE_BOOL, float: api_pb2.DATA_TYPE_FLOAT64, str: api_pb2.DATA_TYPE_STRING}
+
+
+def hparams_experiment(values):
+    """The experiment summary: names and types of the hparams, and HPARAMS_METRICS. It depends only on the
+    names and the types of values (run_hparams: the config classes), not on the values, so every run writes the
+    same one; TensorBoard reads one experiment for a whole logdir (the first it finds)."""
+    infos = []
+    for name, value in values.items():
+        info = api_pb2.HParamInfo(name=name, type=HPARAM_TYPE[type(value)], differs=name in HPARAMS_SHOWN)
+        if isinstance(value, bool):
+            info.domain_discrete.extend([False, True])  # a filter with both ticked
+        infos.append(info)
+    metrics = [api_pb2.MetricInfo(name=api_pb2.MetricName(tag=tag)) for tag in HPARAMS_METRICS]
+    return api_pb2.Experiment(hparam_infos=infos, metric_infos=metrics)
+
+
+def hparams_summary(tag, **plugin_data):
+    """A summary of the HParams plugin (tag: one of its metadata tags) holding one HParamsPluginData field."""
+    content = HParamsPluginData(**plugin_data)
+    return Summary(value=[Summary.Value(tag=tag, metadata=hparams_metadata.create_summary_metadata(content))])
+
+
+def hparams_summaries(values):
+    """The experiment, this run's hparam values (session start) and its end, as the HParams plugin reads them."""
+    start = SessionStartInfo()
+    for name, value in values.items():
+        setattr(start.hparams[name], {bool: "bool_value", float: "number_value", str: "string_value"}[type(value)],
+                value)
+    end = SessionEndInfo(status=api_pb2.STATUS_SUCCESS, end_time_secs=time.time())
+    return [hparams_summary(hparams_metadata.EXPERIMENT_TAG, experiment=hparams_experiment(values)),
+            hparams_summary(hparams_metadata.SESSION_START_INFO_TAG, session_start_info=start),
+            hparams_summary(hparams_metadata.SESSION_END_INFO_TAG, session_end_info=end)]
 
 
 class Logger:
     """Writes the run's TensorBoard events to log_dir; does nothing unless enabled (rank 0, tensorboard=True)."""
 
     def __init__(self, log_dir, enabled):
-        self.writer, self.prefixes, self.final = None, [], {}
+        self.writer, self.prefixes = None, []
         if enabled:
             from torch.utils.tensorboard import SummaryWriter
             self.writer = SummaryWriter(log_dir)
@@ -256,9 +322,7 @@ class Logger:
         split = {f"val/{key}": losses[key] for key in ("key_loss", "other_loss")
                  if math.isfinite(losses.get(key, math.nan))}
         self.scalars(step, {"val/loss": val_loss, **split})
-        routing = self.routing(step, "val_routing", stats, kinds)
-        # the final metrics for hparams: val loss and the model-level routing numbers (global fraction, FLOPs)
-        self.final = {"val/loss": val_loss, **{k: v for k, v in routing.items() if k.startswith("val_routing/")}}
+        self.routing(step, "val_routing", stats, kinds)
         n_global = sum(kind == "routed" for kind in kinds) * model.config.n_head
         if n_global:
             self.image("val_routing/global_frac_heatmap", heatmap_figure(stats["global_frac"], kinds), step)
@@ -284,14 +348,13 @@ class Logger:
                              f"{code_block(decode(prompt[0].tolist()))}\n\n**greedy continuation** "
                              f"({len(sample)} tokens)\n\n{code_block(decode(sample.tolist()))}", step)
 
-    def hparams(self, config):
-        """The run's config (scalar entries) and its latest evaluation's metrics in the HParams tab, written into
-        this run's own event file (add_hparams would make a second run folder), so each run is listed once."""
-        if not self.writer or not self.final:
-            return
-        from torch.utils.tensorboard.summary import hparams
-        for summary in hparams(hparam_values(config), self.final):  # metrics: scalar tags this run already logs
-            self.writer.file_writer.add_summary(summary)
+    def hparams(self, values):
+        """The run's hparams (run_hparams) in the HParams tab, written into this run's own event file (add_hparams
+        would make a second run folder), so each run is listed once; its metrics are the latest values of
+        HPARAMS_METRICS' scalars."""
+        if self.writer:
+            for summary in hparams_summaries(values):
+                self.writer.file_writer.add_summary(summary)
 
     def close(self):
         if self.writer:

@@ -4,15 +4,21 @@ import matplotlib
 import numpy as np
 import pytest
 import torch
+from tensorboard.plugins.hparams import api_pb2
+from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
+from helpers import tiny_train_configs
 from nanoaha.tensorboard_log import (
+    HPARAMS_SHOWN,
     Logger,
     figure_to_array,
     group_head_tags,
     head_usage_figure,
     heatmap_figure,
-    hparam_values,
+    hparams_experiment,
+    hparams_summaries,
     layout_tokens,
+    run_hparams,
     snippet_figure,
 )
 from nanoaha.formatting import percent
@@ -40,7 +46,7 @@ def test_disabled_logger_does_nothing(tmp_path):
     logger = Logger(str(tmp_path / "tb"), enabled=False)
     logger.evaluation(0, {"val_loss": 1.0}, {}, Unrunnable(), torch.zeros(1, 4, dtype=torch.long),
                       {"encoding": "bytes"})
-    logger.hparams({"n_layer": 2})
+    logger.hparams({"n_layer": 2.0})
     logger.close()
     assert not os.path.exists(tmp_path / "tb")
 
@@ -101,9 +107,36 @@ def test_snippet_shades_each_token_by_its_global_heads():
     assert "(of 8; 55% overall)" in fig.texts[0].get_text()
 
 
-def test_hparams_keep_scalar_settings_only():
-    assert hparam_values({"a": 1, "b": 0.5, "c": "RL", "d": True, "e": None, "f": [0.1, 0.2]}) == \
-        {"a": 1, "b": 0.5, "c": "RL", "d": True}
+def test_every_run_declares_the_same_hparams_and_metrics(tmp_path):
+    """TensorBoard reads one experiment for a whole logdir: a local run's must not hide a routed run's metrics."""
+    local = run_hparams(*tiny_train_configs(tmp_path, tmp_path, schedule="L", n_layer=4, seed=1, window=4),
+                        "float32")
+    routed = run_hparams(*tiny_train_configs(tmp_path, tmp_path, schedule="R", n_layer=2, routing="random",
+                                             random_global_q=[0.1, 0.2], router_target_global=0.25), "bfloat16")
+    assert local["layers"] == "LLLL" and routed["layers"] == "RR" and routed["dtype"] == "bfloat16"
+    # typed by the declared field, not the value: one rate or a list of rates is text in every run
+    assert local["random_global_q"] == "0.1" and routed["random_global_q"] == "[0.1, 0.2]"
+    assert local["seed"] == 1.0 and local["compile"] is False and local["schedule"] == "L"
+    experiment = hparams_experiment(local)
+    assert experiment == hparams_experiment(routed)
+    assert [m.name.tag for m in experiment.metric_infos][:5] == [
+        "val/loss", "val/key_loss", "val/other_loss", "val_routing/global_frac", "val_routing/attention_flop_frac_ideal"]
+    infos = {info.name: info for info in experiment.hparam_infos}
+    assert infos.keys() == local.keys()
+    assert sorted(name for name, info in infos.items() if info.differs) == sorted(HPARAMS_SHOWN)
+    assert infos["random_global_q"].type == api_pb2.DATA_TYPE_STRING
+    assert infos["window"].type == api_pb2.DATA_TYPE_FLOAT64 and infos["bias"].type == api_pb2.DATA_TYPE_BOOL
+
+
+def test_hparams_summaries_hold_the_run_values():
+    experiment, start, end = hparams_summaries({"layers": "LLLG", "window": 32.0, "compile": False})
+    assert [s.value[0].tag for s in (experiment, start, end)] == ["_hparams_/experiment", "_hparams_/session_start_info",
+                                                                  "_hparams_/session_end_info"]
+    values = HParamsPluginData.FromString(start.value[0].metadata.plugin_data.content).session_start_info.hparams
+    assert (values["layers"].string_value, values["window"].number_value, values["compile"].bool_value) == \
+        ("LLLG", 32.0, False)
+    assert HParamsPluginData.FromString(end.value[0].metadata.plugin_data.content).session_end_info.status == \
+        api_pb2.STATUS_SUCCESS
 
 
 def test_percent_labels():
