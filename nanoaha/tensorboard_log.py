@@ -10,7 +10,7 @@ Tags:
 - images val_routing/global_frac_heatmap (layer x head), val_routing/head_usage_sorted (every routed head, most
   global first) and val_routing/snippet (a fixed val snippet, each token shaded by how many routed heads went
   global);
-- text val/sample: a greedy continuation of the snippet's first tokens;
+- text val/sample: a greedy continuation of the snippet's first tokens, whitespace made visible;
 - hparams (HParams tab): the run's config, in the run's own folder, with one experiment summary that every run
   writes alike (the same hparams and metrics, whatever the run's schedule), so whichever TensorBoard reads first
   describes them all.
@@ -220,9 +220,26 @@ def token_pieces(ids, meta):
     return [decode([t]) + space for t in ids], decode
 
 
+WHITESPACE_SIGNS = {" ": "\u00b7", "\t": "\u2192", "\n": "\u21b5\n"}  # middle dot, right arrow, return sign
+WHITESPACE_LEGEND = "\u00b7 space, \u2192 tab, \u21b5 newline"
+
+
+def visible(text):
+    """text with its whitespace shown as signs (WHITESPACE_SIGNS, each newline kept after its sign) and other
+    control characters escaped (\\r, \\x0c): a sample of only spaces or newlines is then not an empty box."""
+    return "".join(WHITESPACE_SIGNS.get(c) or (c if c.isprintable() else repr(c)[1:-1]) for c in text)
+
+
 def code_block(text):
     """Markdown code block (indented, so any text renders verbatim in the Text tab)."""
     return "\n".join("    " + line for line in text.split("\n"))
+
+
+def sample_text(prompt, continuation, n_prompt, n_new):
+    """The Text tab's val/sample: the prompt and its greedy continuation, whitespace made visible."""
+    return (f"**prompt**: the first {n_prompt} tokens of the first val window (the same at every evaluation)\n\n"
+            f"{code_block(visible(prompt))}\n\n**greedy continuation** ({n_new} tokens, temperature 0)\n\n"
+            f"{code_block(visible(continuation))}\n\n(whitespace shown as {WHITESPACE_LEGEND})")
 
 
 def hparam_value(declared, value):
@@ -344,9 +361,8 @@ class Logger:
         if n_global:
             counts = global_heads_per_token(out)[0, :len(snippet)].tolist()
             self.image("val_routing/snippet", snippet_figure(pieces, counts, n_global), step)
-        self.writer.add_text("val/sample", f"**prompt** ({prompt.shape[1]} val tokens)\n\n"
-                             f"{code_block(decode(prompt[0].tolist()))}\n\n**greedy continuation** "
-                             f"({len(sample)} tokens)\n\n{code_block(decode(sample.tolist()))}", step)
+        self.writer.add_text("val/sample", sample_text(decode(prompt[0].tolist()), decode(sample.tolist()),
+                                                       prompt.shape[1], len(sample)), step)
 
     def hparams(self, values):
         """The run's hparams (run_hparams) in the HParams tab, written into this run's own event file (add_hparams

@@ -80,8 +80,9 @@ def test_training_writes_every_view_with_sane_values(tmp_path, tiny_corpus, monk
     sample = text[-1].tensor_proto.string_val[0].decode()
     first_window = TokenData(str(tiny_corpus), mcfg.block_size, mcfg.vocab_size).val_batches(1, 1)[0][0][0]
     prompt = bytes(first_window[:tensorboard_log.SAMPLE_PROMPT_TOKENS].tolist()).decode()
-    assert "**greedy continuation** (20 tokens)" in sample
-    assert "\n".join("    " + line for line in prompt.split("\n")) in sample
+    assert "**greedy continuation** (20 tokens, temperature 0)" in sample
+    shown = prompt.replace(" ", "\u00b7").replace("\n", "\u21b5\n")  # whitespace as signs, in a code block
+    assert "\n".join("    " + line for line in shown.split("\n")) in sample
 
     # the images are the figures of the logged numbers: redrawn from the per-head scalars, pixel for pixel
     logged = {tag: np.asarray(Image.open(io.BytesIO(acc.Images(tag)[-1].encoded_image_string)))

@@ -19,7 +19,9 @@ from nanoaha.tensorboard_log import (
     hparams_summaries,
     layout_tokens,
     run_hparams,
+    sample_text,
     snippet_figure,
+    visible,
 )
 from nanoaha.formatting import percent
 
@@ -137,6 +139,15 @@ def test_hparams_summaries_hold_the_run_values():
         ("LLLG", 32.0, False)
     assert HParamsPluginData.FromString(end.value[0].metadata.plugin_data.content).session_end_info.status == \
         api_pb2.STATUS_SUCCESS
+
+
+def test_the_sample_shows_its_whitespace():
+    assert visible("a b\tc\n\r\x00") == "a\u00b7b\u2192c\u21b5\n\\r\\x00"
+    # a continuation of only spaces and newlines: a code block whose every line has something to show
+    text = sample_text("def f(x):", " " * 4 + "\n\n", 3, 6)
+    continuation = text.split("temperature 0)\n\n")[1].split("\n\n(whitespace")[0]
+    assert continuation.split("\n") == ["    \u00b7\u00b7\u00b7\u00b7\u21b5", "    \u21b5", "    "]
+    assert "the first 3 tokens of the first val window" in text and "    def\u00b7f(x):" in text
 
 
 def test_percent_labels():
