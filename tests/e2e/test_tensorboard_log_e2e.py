@@ -110,6 +110,31 @@ def test_training_writes_every_view_with_sane_values(tmp_path, tiny_corpus, monk
     assert set(metrics) - set(tags["scalars"]) == {"val/key_loss"}
 
 
+def test_runs_of_different_schedules_share_one_experiment(tmp_path, tiny_corpus, monkeypatch):
+    """A fixed-schedule run and a routed one in one logdir: TensorBoard's HParams tab reads the first experiment it
+    finds for all runs, so both write the same one; and the fixed-schedule run logs no router quantities."""
+    monkeypatch.setattr(tensorboard_log, "SAMPLE_NEW_TOKENS", 2)
+    runs = {}
+    for schedule in ("LG", "R"):
+        tcfg, mcfg = tiny_train_configs(tmp_path / schedule, tiny_corpus, tensorboard=True, schedule=schedule,
+                                        max_iters=2, eval_interval=2, log_interval=1)
+        train.train(tcfg, mcfg)
+        runs[schedule] = events(os.path.join(tcfg.out_dir, "tb"))
+    fixed, routed = runs["LG"], runs["R"]
+    experiment = fixed.PluginTagToContent("hparams")["_hparams_/experiment"]
+    assert experiment == routed.PluginTagToContent("hparams")["_hparams_/experiment"]
+    metrics = [m.name.tag for m in plugin_data_pb2.HParamsPluginData.FromString(experiment).experiment.metric_infos]
+    assert "val_routing/global_frac" in metrics and "val/key_loss" in metrics
+    assert "val_routing/global_frac" in routed.Tags()["scalars"]
+    assert "val_routing/global_frac" not in fixed.Tags()["scalars"]  # no routed layer: HParams shows an empty cell
+
+    router_quantities = {"train/lambda", "train/penalty_added", "train/mean_p"}
+    assert router_quantities <= set(routed.Tags()["scalars"])
+    assert not router_quantities & set(fixed.Tags()["scalars"])
+    assert not [tag for tag in fixed.Tags()["scalars"] if "mean_p" in tag or "_heads_" in tag]
+    assert not [tag for kind in ("histograms", "tensors") for tag in fixed.Tags()[kind] if "router_p" in tag]
+
+
 def test_key_and_other_loss_are_logged_at_every_evaluation(tmp_path, tiny_corpus, monkeypatch):
     monkeypatch.setattr(tensorboard_log, "SAMPLE_NEW_TOKENS", 4)
     # 64-token windows hold two lines or more: 8-byte copies from beyond the window of 8 (key tokens)
