@@ -6,7 +6,8 @@ Tags:
   per-head global fractions as {prefix}_heads_layer{l}/head{h} (one section per layer), and a Custom Scalars
   layout with one chart per routed layer holding its heads;
 - histograms router_p/layer{l}: the router probabilities of every (batch, head, position) decision of the first
-  val batch, per layer with a learned router;
+  val batch, per layer with a learned router, in fixed bins over [0, 1], the threshold in the name shown (and
+  as the scalar router_p/threshold);
 - images val_routing/global_frac_heatmap (layer x head), val_routing/head_usage_sorted (every routed head, most
   global first) and val_routing/snippet (a fixed val snippet, each token shaded by how many routed heads went
   global);
@@ -35,6 +36,8 @@ from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.plugins.hparams import api_pb2
 from tensorboard.plugins.hparams import metadata as hparams_metadata
 from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData, SessionEndInfo, SessionStartInfo
+from tensorboard.plugins.histogram import metadata as histogram_metadata
+from tensorboard.util import tensor_util
 
 from data.tokens import codec
 from nanoaha.formatting import percent
@@ -44,7 +47,7 @@ SNIPPET_TOKENS = 200      # tokens of the first val window shown with their rout
 SAMPLE_PROMPT_TOKENS = 32  # the greedy sample continues this many of the snippet's first tokens ...
 SAMPLE_NEW_TOKENS = 100    # ... by this many
 SNIPPET_COLUMNS = 100      # characters per line of the snippet image
-P_BIN_EDGES = np.linspace(0.0, 1.0, 51)  # fixed histogram bins, so steps and runs compare
+P_BIN_EDGES = np.linspace(0.0, 1.0, 51)  # fixed histogram bins over [0, 1], so steps and runs compare
 KIND_LABEL = {"dense": "dense: every token global", "local": "local: window only"}
 # The HParams tab's metric columns, the same for every run (a run without routers declares the routing ones too
 # and shows an empty cell); TensorBoard shows the first five without a tick, so the computed FLOPs need one.
@@ -220,6 +223,20 @@ def token_pieces(ids, meta):
     return [decode([t]) + space for t in ids], decode
 
 
+def router_p_histogram(tag, p, threshold):
+    """A histogram summary of router probabilities p (numpy) in P_BIN_EDGES' bins, every bin kept: written as
+    (left, right, count) buckets, which TensorBoard plots as they are, so its axis is [0, 1] at every step and in
+    every run (from a classic histogram it drops the empty bins at both ends and fits the axis to the data). A
+    histogram can draw no line: the threshold is in the name TensorBoard shows above it."""
+    counts, _ = np.histogram(p, bins=P_BIN_EDGES)
+    buckets = np.stack([P_BIN_EDGES[:-1], P_BIN_EDGES[1:], counts], axis=1)
+    meta = histogram_metadata.create_summary_metadata(
+        display_name=f"{tag} (global at p \u2265 {threshold:g})",
+        description=f"router probability of every (batch, head, position) decision of the first val batch; a "
+                    f"decision goes global at p \u2265 {threshold:g}")
+    return Summary(value=[Summary.Value(tag=tag, metadata=meta, tensor=tensor_util.make_tensor_proto(buckets))])
+
+
 WHITESPACE_SIGNS = {" ": "\u00b7", "\t": "\u2192", "\n": "\u21b5\n"}  # middle dot, right arrow, return sign
 WHITESPACE_LEGEND = "\u00b7 space, \u2192 tab, \u21b5 newline"
 
@@ -353,9 +370,13 @@ class Logger:
             prompt = x[:1, :min(SAMPLE_PROMPT_TOKENS, x.shape[1])]
             sample = model.generate(prompt, SAMPLE_NEW_TOKENS, temperature=0.0)[0, prompt.shape[1]:]
         model.train(was_training)
+        threshold = model.config.router_threshold
         for layer, p in enumerate(out.probs):
             if p is not None:
-                self.writer.add_histogram(f"router_p/layer{layer}", p.float().flatten().cpu(), step, bins=P_BIN_EDGES)
+                self.writer.file_writer.add_summary(router_p_histogram(
+                    f"router_p/layer{layer}", p.float().flatten().cpu().numpy(), threshold), step)
+        if any(p is not None for p in out.probs):  # beside the histograms in Time Series, whose cards show only tags
+            self.scalars(step, {"router_p/threshold": threshold})
         snippet = x[0, :SNIPPET_TOKENS].tolist()
         pieces, decode = token_pieces(snippet, meta)
         if n_global:

@@ -10,6 +10,7 @@ from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.custom_scalar import layout_pb2
 from tensorboard.plugins.hparams import plugin_data_pb2
+from tensorboard.util import tensor_util
 
 import train
 from data.loader import TokenData
@@ -55,14 +56,20 @@ def test_training_writes_every_view_with_sane_values(tmp_path, tiny_corpus, monk
     assert "train_routing: global fraction per head" in charts
 
     decisions = tcfg.batch_size * mcfg.n_head * mcfg.block_size  # (B, H, T) router decisions of the first val batch
-    assert sorted(tags["histograms"]) == ["router_p/layer0", "router_p/layer2"]
-    for tag in tags["histograms"]:
-        hists = acc.Histograms(tag)
+    histograms = [tag for tag in tags["tensors"] if acc.SummaryMetadata(tag).plugin_data.plugin_name == "histograms"]
+    assert histograms == ["router_p/layer0", "router_p/layer2"] and not tags["histograms"]
+    for tag in histograms:
+        assert acc.SummaryMetadata(tag).display_name == f"{tag} (global at p \u2265 0.5)"
+        hists = acc.Tensors(tag)
         assert [h.step for h in hists] == eval_steps
         for h in hists:
-            assert h.histogram_value.num == decisions == sum(h.histogram_value.bucket)
-            assert 0 <= h.histogram_value.min <= h.histogram_value.max <= 1
-    assert hists[0].histogram_value.min == hists[0].histogram_value.max == 0.5  # zero-initialised routers
+            buckets = tensor_util.make_ndarray(h.tensor_proto)  # (left, right, count): every bin, [0, 1]
+            edges = np.linspace(0, 1, 51)
+            assert buckets[:, :2].tolist() == np.stack([edges[:-1], edges[1:]], 1).tolist()
+            assert buckets[:, 2].sum() == decisions
+    assert [(e.step, e.value) for e in acc.Scalars("router_p/threshold")] == [(0, 0.5), (2, 0.5)]
+    first = tensor_util.make_ndarray(hists[0].tensor_proto)
+    assert first[25].tolist() == [0.5, 0.52, decisions]  # zero-initialised routers: p = 0.5, in the bin from 0.5
 
     assert sorted(tags["images"]) == ["val_routing/global_frac_heatmap", "val_routing/head_usage_sorted",
                                       "val_routing/snippet"]
@@ -132,7 +139,7 @@ def test_runs_of_different_schedules_share_one_experiment(tmp_path, tiny_corpus,
     assert router_quantities <= set(routed.Tags()["scalars"])
     assert not router_quantities & set(fixed.Tags()["scalars"])
     assert not [tag for tag in fixed.Tags()["scalars"] if "mean_p" in tag or "_heads_" in tag]
-    assert not [tag for kind in ("histograms", "tensors") for tag in fixed.Tags()[kind] if "router_p" in tag]
+    assert not [tag for kind in ("histograms", "tensors", "scalars") for tag in fixed.Tags()[kind] if "router_p" in tag]
 
 
 def test_key_and_other_loss_are_logged_at_every_evaluation(tmp_path, tiny_corpus, monkeypatch):

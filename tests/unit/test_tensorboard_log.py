@@ -6,6 +6,7 @@ import pytest
 import torch
 from tensorboard.plugins.hparams import api_pb2
 from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
+from tensorboard.util import tensor_util
 
 from helpers import tiny_train_configs
 from nanoaha.tensorboard_log import (
@@ -18,6 +19,7 @@ from nanoaha.tensorboard_log import (
     hparams_experiment,
     hparams_summaries,
     layout_tokens,
+    router_p_histogram,
     run_hparams,
     sample_text,
     snippet_figure,
@@ -121,8 +123,9 @@ def test_every_run_declares_the_same_hparams_and_metrics(tmp_path):
     assert local["seed"] == 1.0 and local["compile"] is False and local["schedule"] == "L"
     experiment = hparams_experiment(local)
     assert experiment == hparams_experiment(routed)
-    assert [m.name.tag for m in experiment.metric_infos][:5] == [
-        "val/loss", "val/key_loss", "val/other_loss", "val_routing/global_frac", "val_routing/attention_flop_frac_ideal"]
+    assert [m.name.tag for m in experiment.metric_infos][:5] == ["val/loss", "val/key_loss", "val/other_loss",
+                                                                 "val_routing/global_frac",
+                                                                 "val_routing/attention_flop_frac_ideal"]
     infos = {info.name: info for info in experiment.hparam_infos}
     assert infos.keys() == local.keys()
     assert sorted(name for name, info in infos.items() if info.differs) == sorted(HPARAMS_SHOWN)
@@ -132,13 +135,25 @@ def test_every_run_declares_the_same_hparams_and_metrics(tmp_path):
 
 def test_hparams_summaries_hold_the_run_values():
     experiment, start, end = hparams_summaries({"layers": "LLLG", "window": 32.0, "compile": False})
-    assert [s.value[0].tag for s in (experiment, start, end)] == ["_hparams_/experiment", "_hparams_/session_start_info",
-                                                                  "_hparams_/session_end_info"]
+    assert [s.value[0].tag for s in (experiment, start, end)] == [
+        "_hparams_/experiment", "_hparams_/session_start_info", "_hparams_/session_end_info"]
     values = HParamsPluginData.FromString(start.value[0].metadata.plugin_data.content).session_start_info.hparams
     assert (values["layers"].string_value, values["window"].number_value, values["compile"].bool_value) == \
         ("LLLG", 32.0, False)
     assert HParamsPluginData.FromString(end.value[0].metadata.plugin_data.content).session_end_info.status == \
         api_pb2.STATUS_SUCCESS
+
+
+def test_router_p_histogram_keeps_every_bin_of_0_to_1():
+    """Empty bins at both ends too: TensorBoard fits its axis to the buckets, which must span [0, 1]."""
+    summary = router_p_histogram("router_p/layer1", np.array([0.5, 0.5, 0.51, 0.3]), threshold=0.4)
+    value = summary.value[0]
+    buckets = tensor_util.make_ndarray(value.tensor)
+    assert buckets.shape == (50, 3) and buckets[0, 0] == 0.0 and buckets[-1, 1] == 1.0
+    assert buckets[:-1, 1].tolist() == buckets[1:, 0].tolist()  # contiguous
+    assert {i: c for i, c in enumerate(buckets[:, 2]) if c} == {15: 1, 25: 3}
+    assert value.metadata.plugin_data.plugin_name == "histograms"
+    assert value.metadata.display_name == "router_p/layer1 (global at p \u2265 0.4)"
 
 
 def test_the_sample_shows_its_whitespace():
