@@ -4,7 +4,7 @@ Tags:
 - scalars: whatever train.py logs (train/..., train_routing/...), val/loss, val/key_loss and val/other_loss
   (the loss on key tokens and on the others, nanoaha/key_tokens.py) and val_routing/... at each eval;
   per-head global fractions as {prefix}_heads_layer{l}/head{h} (one section per layer), and a Custom Scalars
-  layout with one chart per routed layer holding its heads;
+  layout with charts of each routed layer's heads (at most five a chart: one marker shape each);
 - histograms router_p/layer{l}: the router probabilities of every (batch, head, position) decision of the first
   val batch, per layer with a learned router, in fixed bins over [0, 1], the threshold in the name shown (and
   as the scalar router_p/threshold);
@@ -49,6 +49,7 @@ SAMPLE_NEW_TOKENS = 100    # ... by this many
 SNIPPET_COLUMNS = 100      # characters per line of the snippet image
 P_BIN_EDGES = np.linspace(0.0, 1.0, 51)  # fixed histogram bins over [0, 1], so steps and runs compare
 KIND_LABEL = {"dense": "dense: every token global", "local": "local: window only"}
+CHART_HEADS = 5  # heads per Custom Scalars chart: the marker shapes it tells one run's lines apart by
 # The HParams tab's metric columns, the same for every run (a run without routers declares the routing ones too
 # and shows an empty cell); TensorBoard shows the first five without a tick, so the computed FLOPs need one.
 HPARAMS_METRICS = ("val/loss", "val/key_loss", "val/other_loss", "val_routing/global_frac",
@@ -64,11 +65,21 @@ def group_head_tags(values):
     return {re.sub(r"_heads/layer(\d+)_head(\d+)$", r"_heads_layer\1/head\2", tag): v for tag, v in values.items()}
 
 
-def custom_scalars_layout(prefixes, kinds):
-    """Custom Scalars tab: per prefix, one multiline chart per routed layer with all its heads' global fraction."""
+def head_groups(n_head, size=CHART_HEADS):
+    """Heads 0 .. n_head-1 in runs of at most size."""
+    return [range(first, min(first + size, n_head)) for first in range(0, n_head, size)]
+
+
+def custom_scalars_layout(prefixes, kinds, n_head):
+    """Custom Scalars tab: per prefix, multiline charts of each routed layer's heads' global fractions, at most
+    CHART_HEADS heads a chart. A chart colours its lines by run and tells one run's lines apart by their marker
+    shape (its Matches list names each line with its shape), and it has five shapes: a sixth head would repeat
+    the first one's."""
+    groups = head_groups(n_head)
     return {f"{prefix}: global fraction per head": {
-        f"layer {layer}": ["Multiline", [rf"{prefix}_heads_layer{layer}/head\d+"]]
-        for layer, kind in enumerate(kinds) if kind == "routed"} for prefix in prefixes}
+        f"layer {layer}" + (f", heads {heads[0]}-{heads[-1]}" if len(groups) > 1 else ""):
+            ["Multiline", [rf"{prefix}_heads_layer{layer}/head({'|'.join(map(str, heads))})$"]]
+        for layer, kind in enumerate(kinds) if kind == "routed" for heads in groups} for prefix in prefixes}
 
 
 def as_array(global_frac):
@@ -334,7 +345,7 @@ class Logger:
             return {}
         if prefix not in self.prefixes:  # the layout lists every prefix seen; the newest layout is the one shown
             self.prefixes.append(prefix)
-            self.writer.add_custom_scalars(custom_scalars_layout(self.prefixes, kinds))
+            self.writer.add_custom_scalars(custom_scalars_layout(self.prefixes, kinds, stats["global_frac"].shape[1]))
         values = tensorboard_scalars(prefix, stats, kinds)
         self.scalars(step, group_head_tags(values))
         return values

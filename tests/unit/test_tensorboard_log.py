@@ -1,4 +1,5 @@
 import os
+import re
 
 import matplotlib
 import numpy as np
@@ -12,6 +13,7 @@ from helpers import tiny_train_configs
 from nanoaha.tensorboard_log import (
     HPARAMS_SHOWN,
     Logger,
+    custom_scalars_layout,
     figure_to_array,
     group_head_tags,
     head_usage_figure,
@@ -60,6 +62,22 @@ def test_per_head_tags_are_grouped_by_layer():
               "val_routing_heads/layer3_head11": 0.3, "train_routing_heads/layer10_head0": 0.4}
     assert group_head_tags(values) == {"val_routing/global_frac": 0.1, "val_routing_layers/global_frac_layer3": 0.2,
                                        "val_routing_heads_layer3/head11": 0.3, "train_routing_heads_layer10/head0": 0.4}
+
+
+def test_custom_scalar_charts_hold_at_most_five_heads():
+    """A chart tells one run's lines apart by five marker shapes: twelve heads make three charts per layer."""
+    layout = custom_scalars_layout(["val_routing"], ["routed", "local", "routed"], n_head=12)
+    charts = layout["val_routing: global fraction per head"]
+    assert list(charts) == [f"layer {layer}, heads {heads}" for layer in (0, 2) for heads in ("0-4", "5-9", "10-11")]
+    tags = [f"val_routing_heads_layer{layer}/head{h}" for layer in range(3) for h in range(12)]
+    for title, (kind, [regex]) in charts.items():
+        layer, first, last = map(int, re.findall(r"\d+", title))
+        assert kind == "Multiline"
+        # TensorBoard keeps the tags the regex matches at their start
+        assert [t for t in tags if re.match(regex, t)] == [f"val_routing_heads_layer{layer}/head{h}"
+                                                            for h in range(first, last + 1)]
+    four = custom_scalars_layout(["train_routing"], ["routed"], n_head=4)["train_routing: global fraction per head"]
+    assert four == {"layer 0": ["Multiline", [r"train_routing_heads_layer0/head(0|1|2|3)$"]]}  # one chart
 
 
 def test_heatmap_shows_each_routed_head_and_names_the_other_layers():
