@@ -66,7 +66,7 @@ def group_head_tags(values):
 
 
 def head_groups(n_head, size=CHART_HEADS):
-    """Heads 0 .. n_head-1 in runs of at most size."""
+    """Heads 0 .. n_head-1 in consecutive groups of at most size."""
     return [range(first, min(first + size, n_head)) for first in range(0, n_head, size)]
 
 
