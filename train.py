@@ -35,7 +35,7 @@ from nanoaha.formatting import fixed
 from nanoaha.gpt2_weights import gpt2_state_dict, is_pretrained
 from nanoaha.routing_stats import (format_routing, mean_stats, routing_stats, routing_summary,
                                    training_flops_per_token, warn_collapse)
-from nanoaha.tensorboard_log import Logger
+from nanoaha.tensorboard_log import Logger, run_hparams
 from nanoaha.train_config import TrainConfig, check_config, corpus_dir
 from nanoaha.training import (LambdaController, StopSignals, TrainingStopped, check_same_data, compile_model,
                               configure_optimizer, lambda_ramp, lr_at, restore_rng, routed_mode_at, router_lambda_at,
@@ -280,7 +280,7 @@ def train_loop(run, signals):
                 stop_on_signal(run, signals)
         bar.close()
         evaluate_and_save(run, final=True)
-        run.logger.hparams({**asdict(tcfg), **asdict(run.mcfg)})
+        run.logger.hparams(run_hparams(tcfg, run.mcfg, dtype_name(run.dtype)))
     finally:
         bar.close()
         run.logger.close()
@@ -505,13 +505,16 @@ def log_step(run, step, dt):
     flops = training_flops_per_token(mcfg, n_params, stats["model_computed_flop_frac"]) * tok_s / run.world
     mfu = f", MFU {flops / peak:.1%}" if peak else ""
     lam = float(torch.as_tensor(step.lam).float().mean())
-    tqdm.write(f"iter {run.iter_num}: loss {loss:.4f} (lm {lm_loss:.4f} + penalty {penalty:.2g}; mean p "
-               f"{mean_p:.3f}, lambda {lam:.2g}) | {format_routing(stats)}"
+    # the router's numbers only where a layer has a learned router: elsewhere lambda would ramp over nothing
+    router = {"train/penalty_added": penalty, "train/mean_p": mean_p, "train/lambda": lam} if run.n_routers else {}
+    loss_parts = f" (lm {lm_loss:.4f} + penalty {penalty:.2g}; mean p {mean_p:.3f}, lambda {lam:.2g})" \
+        if run.n_routers else ""
+    tqdm.write(f"iter {run.iter_num}: loss {loss:.4f}{loss_parts} | {format_routing(stats)}"
                f"{' [forced global]' if step.force_global else ''} | lr {step.lr:.2e} | {tok_s:,.0f} tok/s "
                f"({flops / 1e12:.3g} TFLOP/s per device{mfu}) | ETA {eta / 60:.1f} min")
-    scalars = {"train/loss": loss, "train/lm_loss": lm_loss, "train/penalty_added": penalty,
-               "train/mean_p": mean_p, "train/lambda": lam, "train/lr": step.lr, "train/tokens_per_s": tok_s,
-               "train/tflops_per_device": flops / 1e12, "train/nonfinite_steps": run.nonfinite_total}
+    scalars = {"train/loss": loss, "train/lm_loss": lm_loss, **router, "train/lr": step.lr,
+               "train/tokens_per_s": tok_s, "train/tflops_per_device": flops / 1e12,
+               "train/nonfinite_steps": run.nonfinite_total}
     run.logger.scalars(run.iter_num, {**scalars, **({"train/mfu": flops / peak} if peak else {})})
     run.logger.routing(run.iter_num, "train_routing", stats, mcfg.kinds)
 

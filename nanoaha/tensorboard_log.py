@@ -4,20 +4,26 @@ Tags:
 - scalars: whatever train.py logs (train/..., train_routing/...), val/loss, val/key_loss and val/other_loss
   (the loss on key tokens and on the others, nanoaha/key_tokens.py) and val_routing/... at each eval;
   per-head global fractions as {prefix}_heads_layer{l}/head{h} (one section per layer), and a Custom Scalars
-  layout with one chart per routed layer holding its heads;
+  layout with charts of each routed layer's heads (at most five a chart: one marker shape each);
 - histograms router_p/layer{l}: the router probabilities of every (batch, head, position) decision of the first
-  val batch, per layer with a learned router;
+  val batch, per layer with a learned router, in fixed bins over [0, 1], the threshold in the name shown (and
+  as the scalar router_p/threshold);
 - images val_routing/global_frac_heatmap (layer x head), val_routing/head_usage_sorted (every routed head, most
   global first) and val_routing/snippet (a fixed val snippet, each token shaded by how many routed heads went
   global);
-- text val/sample: a greedy continuation of the snippet's first tokens;
-- hparams (HParams tab): the run's config and the final val metrics, in the run's own folder.
+- text val/sample: a greedy continuation of the snippet's first tokens, whitespace made visible;
+- hparams (HParams tab): the run's config, in the run's own folder, with one experiment summary that every run
+  writes alike (the same hparams and metrics, whatever the run's schedule), so whichever TensorBoard reads first
+  describes them all.
 
 The drawing functions take plain numbers and return matplotlib figures (no pyplot: no global state, no display).
 """
 import math
 import re
+import time
 from contextlib import nullcontext
+from dataclasses import fields
+from typing import get_type_hints
 
 import matplotlib
 import numpy as np
@@ -26,6 +32,12 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import PowerNorm
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, PercentFormatter
+from tensorboard.compat.proto.summary_pb2 import Summary
+from tensorboard.plugins.hparams import api_pb2
+from tensorboard.plugins.hparams import metadata as hparams_metadata
+from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData, SessionEndInfo, SessionStartInfo
+from tensorboard.plugins.histogram import metadata as histogram_metadata
+from tensorboard.util import tensor_util
 
 from data.tokens import codec
 from nanoaha.formatting import percent
@@ -35,8 +47,16 @@ SNIPPET_TOKENS = 200      # tokens of the first val window shown with their rout
 SAMPLE_PROMPT_TOKENS = 32  # the greedy sample continues this many of the snippet's first tokens ...
 SAMPLE_NEW_TOKENS = 100    # ... by this many
 SNIPPET_COLUMNS = 100      # characters per line of the snippet image
-P_BIN_EDGES = np.linspace(0.0, 1.0, 51)  # fixed histogram bins, so steps and runs compare
+P_BIN_EDGES = np.linspace(0.0, 1.0, 51)  # fixed histogram bins over [0, 1], so steps and runs compare
 KIND_LABEL = {"dense": "dense: every token global", "local": "local: window only"}
+CHART_HEADS = 5  # heads per Custom Scalars chart: the marker shapes it tells one run's lines apart by
+# The HParams tab's metric columns, the same for every run (a run without routers declares the routing ones too
+# and shows an empty cell); TensorBoard shows the first five without a tick, so the computed FLOPs need one.
+HPARAMS_METRICS = ("val/loss", "val/key_loss", "val/other_loss", "val_routing/global_frac",
+                   "val_routing/attention_flop_frac_ideal", "val_routing/attention_flop_frac_computed")
+# TensorBoard shows five hparams without a tick: those marked 'differs' first, by name. These five tell the runs
+# of a comparison apart (layers: the layer letters, schedule repeated to n_layer); the rest are a tick away.
+HPARAMS_SHOWN = ("layers", "router_lambda", "router_target_global", "seed", "window")
 
 
 def group_head_tags(values):
@@ -45,11 +65,21 @@ def group_head_tags(values):
     return {re.sub(r"_heads/layer(\d+)_head(\d+)$", r"_heads_layer\1/head\2", tag): v for tag, v in values.items()}
 
 
-def custom_scalars_layout(prefixes, kinds):
-    """Custom Scalars tab: per prefix, one multiline chart per routed layer with all its heads' global fraction."""
+def head_groups(n_head, size=CHART_HEADS):
+    """Heads 0 .. n_head-1 in consecutive groups of at most size."""
+    return [range(first, min(first + size, n_head)) for first in range(0, n_head, size)]
+
+
+def custom_scalars_layout(prefixes, kinds, n_head):
+    """Custom Scalars tab: per prefix, multiline charts of each routed layer's heads' global fractions, at most
+    CHART_HEADS heads a chart. A chart colours its lines by run and tells one run's lines apart by their marker
+    shape (its Matches list names each line with its shape), and it has five shapes: a sixth head would repeat
+    the first one's."""
+    groups = head_groups(n_head)
     return {f"{prefix}: global fraction per head": {
-        f"layer {layer}": ["Multiline", [rf"{prefix}_heads_layer{layer}/head\d+"]]
-        for layer, kind in enumerate(kinds) if kind == "routed"} for prefix in prefixes}
+        f"layer {layer}" + (f", heads {heads[0]}-{heads[-1]}" if len(groups) > 1 else ""):
+            ["Multiline", [rf"{prefix}_heads_layer{layer}/head({'|'.join(map(str, heads))})$"]]
+        for layer, kind in enumerate(kinds) if kind == "routed" for heads in groups} for prefix in prefixes}
 
 
 def as_array(global_frac):
@@ -204,21 +234,102 @@ def token_pieces(ids, meta):
     return [decode([t]) + space for t in ids], decode
 
 
+def router_p_histogram(tag, p, threshold):
+    """A histogram summary of router probabilities p (numpy) in P_BIN_EDGES' bins, every bin kept: written as
+    (left, right, count) buckets, which TensorBoard plots as they are, so its axis is [0, 1] at every step and in
+    every run (from a classic histogram it drops the empty bins at both ends and fits the axis to the data). A
+    histogram can draw no line: the threshold is in the name TensorBoard shows above it."""
+    counts, _ = np.histogram(p, bins=P_BIN_EDGES)
+    buckets = np.stack([P_BIN_EDGES[:-1], P_BIN_EDGES[1:], counts], axis=1)
+    meta = histogram_metadata.create_summary_metadata(
+        display_name=f"{tag} (global at p \u2265 {threshold:g})",
+        description=f"router probability of every (batch, head, position) decision of the first val batch; a "
+                    f"decision goes global at p \u2265 {threshold:g}")
+    return Summary(value=[Summary.Value(tag=tag, metadata=meta, tensor=tensor_util.make_tensor_proto(buckets))])
+
+
+WHITESPACE_SIGNS = {" ": "\u00b7", "\t": "\u2192", "\n": "\u21b5\n"}  # middle dot, right arrow, return sign
+WHITESPACE_LEGEND = "\u00b7 space, \u2192 tab, \u21b5 newline"
+
+
+def visible(text):
+    """text with its whitespace shown as signs (WHITESPACE_SIGNS, each newline kept after its sign) and other
+    control characters escaped (\\r, \\x0c): a sample of only spaces or newlines is then not an empty box."""
+    return "".join(WHITESPACE_SIGNS.get(c) or (c if c.isprintable() else repr(c)[1:-1]) for c in text)
+
+
 def code_block(text):
     """Markdown code block (indented, so any text renders verbatim in the Text tab)."""
     return "\n".join("    " + line for line in text.split("\n"))
 
 
-def hparam_values(config):
-    """The scalar entries of a flat config dict (HParams takes numbers, strings and booleans)."""
-    return {k: v for k, v in config.items() if isinstance(v, (bool, int, float, str))}
+def sample_text(prompt, continuation, n_prompt, n_new):
+    """The Text tab's val/sample: the prompt and its greedy continuation, whitespace made visible."""
+    return (f"**prompt**: the first {n_prompt} tokens of the first val window (the same at every evaluation)\n\n"
+            f"{code_block(visible(prompt))}\n\n**greedy continuation** ({n_new} tokens, temperature 0)\n\n"
+            f"{code_block(visible(continuation))}\n\n(whitespace shown as {WHITESPACE_LEGEND})")
+
+
+def hparam_value(declared, value):
+    """A config value as HParams holds it, by the field's declared type (not the value's, so that every run gives
+    a field the same type): bool, a number as float, str; anything else (None, a list, a union) as its text."""
+    if declared is bool:
+        return bool(value)
+    if declared in (int, float):
+        return float(value)
+    return value if declared is str else str(value)
+
+
+def run_hparams(tcfg, mcfg, dtype):
+    """Every field of the run's TrainConfig and GPTConfig, plus layers (the layer letters) and dtype, the
+    precision the run trained in (what 'auto' picked)."""
+    values = {}
+    for config in (tcfg, mcfg):
+        declared = get_type_hints(type(config))
+        values.update({f.name: hparam_value(declared[f.name], getattr(config, f.name)) for f in fields(config)})
+    return {**values, "layers": mcfg.layer_letters, "dtype": dtype}
+
+
+HPARAM_TYPE = {bool: api_pb2.DATA_TYPE_BOOL, float: api_pb2.DATA_TYPE_FLOAT64, str: api_pb2.DATA_TYPE_STRING}
+
+
+def hparams_experiment(values):
+    """The experiment summary: names and types of the hparams, and HPARAMS_METRICS. It depends only on the
+    names and the types of values (run_hparams: the config classes), not on the values, so every run writes the
+    same one; TensorBoard reads one experiment for a whole logdir (the first it finds)."""
+    infos = []
+    for name, value in values.items():
+        info = api_pb2.HParamInfo(name=name, type=HPARAM_TYPE[type(value)], differs=name in HPARAMS_SHOWN)
+        if isinstance(value, bool):
+            info.domain_discrete.extend([False, True])  # a filter with both ticked
+        infos.append(info)
+    metrics = [api_pb2.MetricInfo(name=api_pb2.MetricName(tag=tag)) for tag in HPARAMS_METRICS]
+    return api_pb2.Experiment(hparam_infos=infos, metric_infos=metrics)
+
+
+def hparams_summary(tag, **plugin_data):
+    """A summary of the HParams plugin (tag: one of its metadata tags) holding one HParamsPluginData field."""
+    content = HParamsPluginData(**plugin_data)
+    return Summary(value=[Summary.Value(tag=tag, metadata=hparams_metadata.create_summary_metadata(content))])
+
+
+def hparams_summaries(values):
+    """The experiment, this run's hparam values (session start) and its end, as the HParams plugin reads them."""
+    start = SessionStartInfo()
+    for name, value in values.items():
+        setattr(start.hparams[name], {bool: "bool_value", float: "number_value", str: "string_value"}[type(value)],
+                value)
+    end = SessionEndInfo(status=api_pb2.STATUS_SUCCESS, end_time_secs=time.time())
+    return [hparams_summary(hparams_metadata.EXPERIMENT_TAG, experiment=hparams_experiment(values)),
+            hparams_summary(hparams_metadata.SESSION_START_INFO_TAG, session_start_info=start),
+            hparams_summary(hparams_metadata.SESSION_END_INFO_TAG, session_end_info=end)]
 
 
 class Logger:
     """Writes the run's TensorBoard events to log_dir; does nothing unless enabled (rank 0, tensorboard=True)."""
 
     def __init__(self, log_dir, enabled):
-        self.writer, self.prefixes, self.final = None, [], {}
+        self.writer, self.prefixes = None, []
         if enabled:
             from torch.utils.tensorboard import SummaryWriter
             self.writer = SummaryWriter(log_dir)
@@ -234,7 +345,7 @@ class Logger:
             return {}
         if prefix not in self.prefixes:  # the layout lists every prefix seen; the newest layout is the one shown
             self.prefixes.append(prefix)
-            self.writer.add_custom_scalars(custom_scalars_layout(self.prefixes, kinds))
+            self.writer.add_custom_scalars(custom_scalars_layout(self.prefixes, kinds, stats["global_frac"].shape[1]))
         values = tensorboard_scalars(prefix, stats, kinds)
         self.scalars(step, group_head_tags(values))
         return values
@@ -256,9 +367,7 @@ class Logger:
         split = {f"val/{key}": losses[key] for key in ("key_loss", "other_loss")
                  if math.isfinite(losses.get(key, math.nan))}
         self.scalars(step, {"val/loss": val_loss, **split})
-        routing = self.routing(step, "val_routing", stats, kinds)
-        # the final metrics for hparams: val loss and the model-level routing numbers (global fraction, FLOPs)
-        self.final = {"val/loss": val_loss, **{k: v for k, v in routing.items() if k.startswith("val_routing/")}}
+        self.routing(step, "val_routing", stats, kinds)
         n_global = sum(kind == "routed" for kind in kinds) * model.config.n_head
         if n_global:
             self.image("val_routing/global_frac_heatmap", heatmap_figure(stats["global_frac"], kinds), step)
@@ -272,26 +381,28 @@ class Logger:
             prompt = x[:1, :min(SAMPLE_PROMPT_TOKENS, x.shape[1])]
             sample = model.generate(prompt, SAMPLE_NEW_TOKENS, temperature=0.0)[0, prompt.shape[1]:]
         model.train(was_training)
+        threshold = model.config.router_threshold
         for layer, p in enumerate(out.probs):
             if p is not None:
-                self.writer.add_histogram(f"router_p/layer{layer}", p.float().flatten().cpu(), step, bins=P_BIN_EDGES)
+                self.writer.file_writer.add_summary(router_p_histogram(
+                    f"router_p/layer{layer}", p.float().flatten().cpu().numpy(), threshold), step)
+        if any(p is not None for p in out.probs):  # beside the histograms in Time Series, whose cards show only tags
+            self.scalars(step, {"router_p/threshold": threshold})
         snippet = x[0, :SNIPPET_TOKENS].tolist()
         pieces, decode = token_pieces(snippet, meta)
         if n_global:
             counts = global_heads_per_token(out)[0, :len(snippet)].tolist()
             self.image("val_routing/snippet", snippet_figure(pieces, counts, n_global), step)
-        self.writer.add_text("val/sample", f"**prompt** ({prompt.shape[1]} val tokens)\n\n"
-                             f"{code_block(decode(prompt[0].tolist()))}\n\n**greedy continuation** "
-                             f"({len(sample)} tokens)\n\n{code_block(decode(sample.tolist()))}", step)
+        self.writer.add_text("val/sample", sample_text(decode(prompt[0].tolist()), decode(sample.tolist()),
+                                                       prompt.shape[1], len(sample)), step)
 
-    def hparams(self, config):
-        """The run's config (scalar entries) and its latest evaluation's metrics in the HParams tab, written into
-        this run's own event file (add_hparams would make a second run folder), so each run is listed once."""
-        if not self.writer or not self.final:
-            return
-        from torch.utils.tensorboard.summary import hparams
-        for summary in hparams(hparam_values(config), self.final):  # metrics: scalar tags this run already logs
-            self.writer.file_writer.add_summary(summary)
+    def hparams(self, values):
+        """The run's hparams (run_hparams) in the HParams tab, written into this run's own event file (add_hparams
+        would make a second run folder), so each run is listed once; its metrics are the latest values of
+        HPARAMS_METRICS' scalars."""
+        if self.writer:
+            for summary in hparams_summaries(values):
+                self.writer.file_writer.add_summary(summary)
 
     def close(self):
         if self.writer:

@@ -10,6 +10,7 @@ from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.custom_scalar import layout_pb2
 from tensorboard.plugins.hparams import plugin_data_pb2
+from tensorboard.util import tensor_util
 
 import train
 from data.loader import TokenData
@@ -50,19 +51,25 @@ def test_training_writes_every_view_with_sane_values(tmp_path, tiny_corpus, monk
             assert np.mean(heads) == pytest.approx(acc.Scalars(f"{prefix}_layers/global_frac_layer{layer}")[-1].value)
     layout = layout_pb2.Layout.FromString(acc.Tensors("custom_scalars__config__")[-1].tensor_proto.string_val[0])
     charts = {c.title: [(ch.title, list(ch.multiline.tag)) for ch in c.chart] for c in layout.category}
-    assert charts["val_routing: global fraction per head"] == [("layer 0", [r"val_routing_heads_layer0/head\d+"]),
-                                                                ("layer 2", [r"val_routing_heads_layer2/head\d+"])]
+    assert charts["val_routing: global fraction per head"] == [("layer 0", [r"val_routing_heads_layer0/head(0|1)$"]),
+                                                                ("layer 2", [r"val_routing_heads_layer2/head(0|1)$"])]
     assert "train_routing: global fraction per head" in charts
 
     decisions = tcfg.batch_size * mcfg.n_head * mcfg.block_size  # (B, H, T) router decisions of the first val batch
-    assert sorted(tags["histograms"]) == ["router_p/layer0", "router_p/layer2"]
-    for tag in tags["histograms"]:
-        hists = acc.Histograms(tag)
+    histograms = [tag for tag in tags["tensors"] if acc.SummaryMetadata(tag).plugin_data.plugin_name == "histograms"]
+    assert histograms == ["router_p/layer0", "router_p/layer2"] and not tags["histograms"]
+    for tag in histograms:
+        assert acc.SummaryMetadata(tag).display_name == f"{tag} (global at p \u2265 0.5)"
+        hists = acc.Tensors(tag)
         assert [h.step for h in hists] == eval_steps
         for h in hists:
-            assert h.histogram_value.num == decisions == sum(h.histogram_value.bucket)
-            assert 0 <= h.histogram_value.min <= h.histogram_value.max <= 1
-    assert hists[0].histogram_value.min == hists[0].histogram_value.max == 0.5  # zero-initialised routers
+            buckets = tensor_util.make_ndarray(h.tensor_proto)  # (left, right, count): every bin, [0, 1]
+            edges = np.linspace(0, 1, 51)
+            assert buckets[:, :2].tolist() == np.stack([edges[:-1], edges[1:]], 1).tolist()
+            assert buckets[:, 2].sum() == decisions
+    assert [(e.step, e.value) for e in acc.Scalars("router_p/threshold")] == [(0, 0.5), (2, 0.5)]
+    first = tensor_util.make_ndarray(hists[0].tensor_proto)
+    assert first[25].tolist() == [0.5, 0.52, decisions]  # zero-initialised routers: p = 0.5, in the bin from 0.5
 
     assert sorted(tags["images"]) == ["val_routing/global_frac_heatmap", "val_routing/head_usage_sorted",
                                       "val_routing/snippet"]
@@ -80,8 +87,9 @@ def test_training_writes_every_view_with_sane_values(tmp_path, tiny_corpus, monk
     sample = text[-1].tensor_proto.string_val[0].decode()
     first_window = TokenData(str(tiny_corpus), mcfg.block_size, mcfg.vocab_size).val_batches(1, 1)[0][0][0]
     prompt = bytes(first_window[:tensorboard_log.SAMPLE_PROMPT_TOKENS].tolist()).decode()
-    assert "**greedy continuation** (20 tokens)" in sample
-    assert "\n".join("    " + line for line in prompt.split("\n")) in sample
+    assert "**greedy continuation** (20 tokens, temperature 0)" in sample
+    shown = prompt.replace(" ", "\u00b7").replace("\n", "\u21b5\n")  # whitespace as signs, in a code block
+    assert "\n".join("    " + line for line in shown.split("\n")) in sample
 
     # the images are the figures of the logged numbers: redrawn from the per-head scalars, pixel for pixel
     logged = {tag: np.asarray(Image.open(io.BytesIO(acc.Images(tag)[-1].encoded_image_string)))
@@ -99,13 +107,39 @@ def test_training_writes_every_view_with_sane_values(tmp_path, tiny_corpus, monk
 
     hparams = acc.PluginTagToContent("hparams")
     start = plugin_data_pb2.HParamsPluginData.FromString(hparams["_hparams_/session_start_info"]).session_start_info
-    assert start.hparams["n_layer"].number_value == 3 and start.hparams["schedule"].string_value == "RLR"
+    assert start.hparams["n_layer"].number_value == 3 and start.hparams["layers"].string_value == "RLR"
     assert start.hparams["learning_rate"].number_value == pytest.approx(tcfg.learning_rate)
+    assert start.hparams["dtype"].string_value == "float32"
     experiment = plugin_data_pb2.HParamsPluginData.FromString(hparams["_hparams_/experiment"]).experiment
     metrics = [m.name.tag for m in experiment.metric_infos]
-    assert metrics == ["val/loss", "val_routing/global_frac", "val_routing/attention_flop_frac_ideal",
-                       "val_routing/attention_flop_frac_computed"]
-    assert all(tag in tags["scalars"] for tag in metrics)  # HParams shows their latest values
+    assert metrics == list(tensorboard_log.HPARAMS_METRICS)
+    # HParams shows their latest values; 32-token windows hold no key token, so that cell stays empty
+    assert set(metrics) - set(tags["scalars"]) == {"val/key_loss"}
+
+
+def test_runs_of_different_schedules_share_one_experiment(tmp_path, tiny_corpus, monkeypatch):
+    """A fixed-schedule run and a routed one in one logdir: TensorBoard's HParams tab reads the first experiment it
+    finds for all runs, so both write the same one; and the fixed-schedule run logs no router quantities."""
+    monkeypatch.setattr(tensorboard_log, "SAMPLE_NEW_TOKENS", 2)
+    runs = {}
+    for schedule in ("LG", "R"):
+        tcfg, mcfg = tiny_train_configs(tmp_path / schedule, tiny_corpus, tensorboard=True, schedule=schedule,
+                                        max_iters=2, eval_interval=2, log_interval=1)
+        train.train(tcfg, mcfg)
+        runs[schedule] = events(os.path.join(tcfg.out_dir, "tb"))
+    fixed, routed = runs["LG"], runs["R"]
+    experiment = fixed.PluginTagToContent("hparams")["_hparams_/experiment"]
+    assert experiment == routed.PluginTagToContent("hparams")["_hparams_/experiment"]
+    metrics = [m.name.tag for m in plugin_data_pb2.HParamsPluginData.FromString(experiment).experiment.metric_infos]
+    assert "val_routing/global_frac" in metrics and "val/key_loss" in metrics
+    assert "val_routing/global_frac" in routed.Tags()["scalars"]
+    assert "val_routing/global_frac" not in fixed.Tags()["scalars"]  # no routed layer: HParams shows an empty cell
+
+    router_quantities = {"train/lambda", "train/penalty_added", "train/mean_p"}
+    assert router_quantities <= set(routed.Tags()["scalars"])
+    assert not router_quantities & set(fixed.Tags()["scalars"])
+    assert not [tag for tag in fixed.Tags()["scalars"] if "mean_p" in tag or "_heads_" in tag]
+    assert not [tag for kind in ("histograms", "tensors", "scalars") for tag in fixed.Tags()[kind] if "router_p" in tag]
 
 
 def test_key_and_other_loss_are_logged_at_every_evaluation(tmp_path, tiny_corpus, monkeypatch):

@@ -1,19 +1,31 @@
 import os
+import re
 
 import matplotlib
 import numpy as np
 import pytest
 import torch
+from tensorboard.plugins.hparams import api_pb2
+from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
+from tensorboard.util import tensor_util
 
+from helpers import tiny_train_configs
 from nanoaha.tensorboard_log import (
+    HPARAMS_SHOWN,
     Logger,
+    custom_scalars_layout,
     figure_to_array,
     group_head_tags,
     head_usage_figure,
     heatmap_figure,
-    hparam_values,
+    hparams_experiment,
+    hparams_summaries,
     layout_tokens,
+    router_p_histogram,
+    run_hparams,
+    sample_text,
     snippet_figure,
+    visible,
 )
 from nanoaha.formatting import percent
 
@@ -40,7 +52,7 @@ def test_disabled_logger_does_nothing(tmp_path):
     logger = Logger(str(tmp_path / "tb"), enabled=False)
     logger.evaluation(0, {"val_loss": 1.0}, {}, Unrunnable(), torch.zeros(1, 4, dtype=torch.long),
                       {"encoding": "bytes"})
-    logger.hparams({"n_layer": 2})
+    logger.hparams({"n_layer": 2.0})
     logger.close()
     assert not os.path.exists(tmp_path / "tb")
 
@@ -50,6 +62,22 @@ def test_per_head_tags_are_grouped_by_layer():
               "val_routing_heads/layer3_head11": 0.3, "train_routing_heads/layer10_head0": 0.4}
     assert group_head_tags(values) == {"val_routing/global_frac": 0.1, "val_routing_layers/global_frac_layer3": 0.2,
                                        "val_routing_heads_layer3/head11": 0.3, "train_routing_heads_layer10/head0": 0.4}
+
+
+def test_custom_scalar_charts_hold_at_most_five_heads():
+    """A chart tells one run's lines apart by five marker shapes: twelve heads make three charts per layer."""
+    layout = custom_scalars_layout(["val_routing"], ["routed", "local", "routed"], n_head=12)
+    charts = layout["val_routing: global fraction per head"]
+    assert list(charts) == [f"layer {layer}, heads {heads}" for layer in (0, 2) for heads in ("0-4", "5-9", "10-11")]
+    tags = [f"val_routing_heads_layer{layer}/head{h}" for layer in range(3) for h in range(12)]
+    for title, (kind, [regex]) in charts.items():
+        layer, first, last = map(int, re.findall(r"\d+", title))
+        assert kind == "Multiline"
+        # TensorBoard keeps the tags the regex matches at their start
+        assert [t for t in tags if re.match(regex, t)] == [f"val_routing_heads_layer{layer}/head{h}"
+                                                            for h in range(first, last + 1)]
+    four = custom_scalars_layout(["train_routing"], ["routed"], n_head=4)["train_routing: global fraction per head"]
+    assert four == {"layer 0": ["Multiline", [r"train_routing_heads_layer0/head(0|1|2|3)$"]]}  # one chart
 
 
 def test_heatmap_shows_each_routed_head_and_names_the_other_layers():
@@ -101,9 +129,58 @@ def test_snippet_shades_each_token_by_its_global_heads():
     assert "(of 8; 55% overall)" in fig.texts[0].get_text()
 
 
-def test_hparams_keep_scalar_settings_only():
-    assert hparam_values({"a": 1, "b": 0.5, "c": "RL", "d": True, "e": None, "f": [0.1, 0.2]}) == \
-        {"a": 1, "b": 0.5, "c": "RL", "d": True}
+def test_every_run_declares_the_same_hparams_and_metrics(tmp_path):
+    """TensorBoard reads one experiment for a whole logdir: a local run's must not hide a routed run's metrics."""
+    local = run_hparams(*tiny_train_configs(tmp_path, tmp_path, schedule="L", n_layer=4, seed=1, window=4),
+                        "float32")
+    routed = run_hparams(*tiny_train_configs(tmp_path, tmp_path, schedule="R", n_layer=2, routing="random",
+                                             random_global_q=[0.1, 0.2], router_target_global=0.25), "bfloat16")
+    assert local["layers"] == "LLLL" and routed["layers"] == "RR" and routed["dtype"] == "bfloat16"
+    # typed by the declared field, not the value: one rate or a list of rates is text in every run
+    assert local["random_global_q"] == "0.1" and routed["random_global_q"] == "[0.1, 0.2]"
+    assert local["seed"] == 1.0 and local["compile"] is False and local["schedule"] == "L"
+    experiment = hparams_experiment(local)
+    assert experiment == hparams_experiment(routed)
+    assert [m.name.tag for m in experiment.metric_infos][:5] == ["val/loss", "val/key_loss", "val/other_loss",
+                                                                 "val_routing/global_frac",
+                                                                 "val_routing/attention_flop_frac_ideal"]
+    infos = {info.name: info for info in experiment.hparam_infos}
+    assert infos.keys() == local.keys()
+    assert sorted(name for name, info in infos.items() if info.differs) == sorted(HPARAMS_SHOWN)
+    assert infos["random_global_q"].type == api_pb2.DATA_TYPE_STRING
+    assert infos["window"].type == api_pb2.DATA_TYPE_FLOAT64 and infos["bias"].type == api_pb2.DATA_TYPE_BOOL
+
+
+def test_hparams_summaries_hold_the_run_values():
+    experiment, start, end = hparams_summaries({"layers": "LLLG", "window": 32.0, "compile": False})
+    assert [s.value[0].tag for s in (experiment, start, end)] == [
+        "_hparams_/experiment", "_hparams_/session_start_info", "_hparams_/session_end_info"]
+    values = HParamsPluginData.FromString(start.value[0].metadata.plugin_data.content).session_start_info.hparams
+    assert (values["layers"].string_value, values["window"].number_value, values["compile"].bool_value) == \
+        ("LLLG", 32.0, False)
+    assert HParamsPluginData.FromString(end.value[0].metadata.plugin_data.content).session_end_info.status == \
+        api_pb2.STATUS_SUCCESS
+
+
+def test_router_p_histogram_keeps_every_bin_of_0_to_1():
+    """Empty bins at both ends too: TensorBoard fits its axis to the buckets, which must span [0, 1]."""
+    summary = router_p_histogram("router_p/layer1", np.array([0.5, 0.5, 0.51, 0.3]), threshold=0.4)
+    value = summary.value[0]
+    buckets = tensor_util.make_ndarray(value.tensor)
+    assert buckets.shape == (50, 3) and buckets[0, 0] == 0.0 and buckets[-1, 1] == 1.0
+    assert buckets[:-1, 1].tolist() == buckets[1:, 0].tolist()  # contiguous
+    assert {i: c for i, c in enumerate(buckets[:, 2]) if c} == {15: 1, 25: 3}
+    assert value.metadata.plugin_data.plugin_name == "histograms"
+    assert value.metadata.display_name == "router_p/layer1 (global at p \u2265 0.4)"
+
+
+def test_the_sample_shows_its_whitespace():
+    assert visible("a b\tc\n\r\x00") == "a\u00b7b\u2192c\u21b5\n\\r\\x00"
+    # a continuation of only spaces and newlines: a code block whose every line has something to show
+    text = sample_text("def f(x):", " " * 4 + "\n\n", 3, 6)
+    continuation = text.split("temperature 0)\n\n")[1].split("\n\n(whitespace")[0]
+    assert continuation.split("\n") == ["    \u00b7\u00b7\u00b7\u00b7\u21b5", "    \u21b5", "    "]
+    assert "the first 3 tokens of the first val window" in text and "    def\u00b7f(x):" in text
 
 
 def test_percent_labels():
