@@ -266,8 +266,9 @@ def results_table(rows, references):
         fractions = [r.get("key_frac") for row in rows for r in row.results if r.get("key_frac") is not None]
         notes.append("Key-token loss: the val loss on the targets a copy could predict only from beyond the local "
                      "window (nanoaha/key_tokens.py, docs/evaluation.md), "
-                     + (f"{percent(min(fractions), 1)}-{percent(max(fractions), 1)} of the scored targets here"
-                        if fractions else "none here")
+                     + ("none here" if not fractions else
+                        f"{percent(min(fractions), 1)} of the scored targets here" if min(fractions) == max(fractions)
+                        else f"{percent(min(fractions), 1)}-{percent(max(fractions), 1)} of the scored targets here")
                      + "; its same-seed columns are read as the val loss's.")
     notes.append("Same seed: val loss minus the reference's at each seed both ran (a seed fixes the backbone init "
                  "and the data order for every row), mean [min, max] over those seeds; better or worse only where "
