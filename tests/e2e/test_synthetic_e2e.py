@@ -27,7 +27,12 @@ def test_evaluate_reports_task_accuracy_precision_and_recall(tmp_path, capsys):
     evaluate.main([str(tmp_path / "out"), f"--data_dir={tmp_path / 'task'}", "--device=cpu"])
     report = capsys.readouterr().out
     assert "40 examples, 160 answer tokens" in report and "layer  head  global  precision  recall" in report
-    assert len([line for line in report.splitlines() if line.lstrip().startswith(("0 ", "1 "))]) == 2 * 3
+    # per routed layer one 'any' row and a row per head: against the task's labels, and (printed before them)
+    # against the key tokens of the text
+    routers, synthetic = report.split("40 examples")
+    assert len([line for line in synthetic.splitlines() if line.lstrip().startswith(("0 ", "1 "))]) == 2 * 3
+    key_rows = routers[routers.index("routers against key tokens"):].splitlines()[1:]
+    assert len([line for line in key_rows if line.lstrip().startswith(("0 ", "1 "))]) == 2 * 3
     written = json.load(open(tmp_path / "out" / "eval.json"))
     assert written["synthetic"]["examples"] == 40 and len(written["synthetic"]["routing"]) == 2 * 3
     assert written["bits_per_byte"] is None and written["eval_tokens"] == 40 * 32
