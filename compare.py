@@ -1,6 +1,7 @@
 """Run a grid of trainings and compare them at equal budget: one command from grid file to record.
 
     python compare.py configs/grids/NAME.py [--jobs=2] [--threads=1] [--out=out/grids] [--record_dir=results] [--dry_run]
+                      [--from_record=results/DATE_NAME]
     python compare.py --summary=NAME RECORD [RECORD ...]
 
 Trains every run of the grid file at every seed as train.py would (one process each, --jobs at a time, by
@@ -11,6 +12,9 @@ interrupted ones, evaluates each checkpoint with evaluate.py, and writes the rec
 README.md (question, command, budget, table, final log lines), table.md, rows.json (every number of the table
 and the plots, per seed), the grid file and the plots.
 --dry_run prints the plan: each run's command and whether it will be trained, resumed or skipped.
+A record keeps each finished run's small files (runs/RUN__seed_S/: summary, evaluation, launches, log; no
+checkpoint); --from_record=RECORD takes them back into run folders that do not exist, so a grid grown in a
+later session trains only its new runs (nanoaha/grid/kept.py).
 --summary=NAME puts several records (grids with the same runs, e.g. one per corpus) side by side in one table
 and one plot: RECORD_DIR/<date>_NAME/ with README.md, table.md and pareto.png, drawn from their rows.json.
 Exit code 0 only when every run of the grid finished and was evaluated. The grid file format: nanoaha/grid/gridfile.py.
@@ -27,6 +31,7 @@ from dataclasses import dataclass
 from nanoaha.configurator import parse_args_or_exit, run_main
 from nanoaha.grid import plots, runner
 from nanoaha.grid.gridfile import GridError, load_grid
+from nanoaha.grid.kept import keep_runs, restore_runs
 from nanoaha.grid.lock import GridLock
 from nanoaha.grid.plan import describe, launches, plan, train_state, window_groups
 from nanoaha.grid.tables import has_key_losses, load_rows, record_table, rows_of, save_rows, summary_record_table
@@ -40,6 +45,7 @@ class CompareConfig:
     record_dir: str = "results"   # the record goes to RECORD_DIR/<date>_<grid>/
     dry_run: bool = False         # print the plan, run nothing
     summary: str = ""             # NAME: the records named on the command line side by side, in RECORD_DIR/<date>_NAME
+    from_record: str = ""         # a record of this grid: its kept runs fill the run folders that do not exist
 
 
 def log_tail(path, n=3):
@@ -108,6 +114,7 @@ def write_record(grid, jobs, rows, table, cfg, argv, started, elapsed):
     with open(os.path.join(record, "table.md"), "w") as f:
         f.write(table)
     save_rows(os.path.join(record, "rows.json"), grid, rows)
+    keep_runs(record, jobs, {(row.run, result["seed"]) for row in rows for result in row.results if result["complete"]})
     shutil.copyfile(grid.path, os.path.join(record, os.path.basename(grid.path)))
     plots.pareto(os.path.join(record, "pareto.png"), rows, grid.references)
     if has_key_losses(rows):
@@ -203,6 +210,10 @@ def main(argv):
     try:
         grid = load_grid(paths[0])
         jobs = plan(grid, cfg.out)
+        if cfg.from_record:
+            restored = restore_runs(cfg.from_record, jobs, dry_run=cfg.dry_run)
+            print(f"{'would take' if cfg.dry_run else 'took'} {len(restored)} finished run(s) from "
+                  f"{cfg.from_record}{': ' + ', '.join(restored) if restored else ''}")
         if cfg.dry_run:
             print(f"grid {grid.name}: {len(grid.runs)} runs, {len(jobs)} trainings, {cfg.jobs} at a time "
                   f"({cfg.threads} thread(s) each), "

@@ -1,7 +1,8 @@
 """nanoAHA: a GPT whose attention layers are dense, local (sliding window) or routed (All-or-Here).
 
 Where things are:
-- Router.forward              per-head router: logits from the layer input, sigmoid, hard threshold, STE
+- Router.forward              per-head router: logits from the layer input (and optionally the head's local
+                              attention output), sigmoid, hard threshold, STE
 - Attention.forward           the dispatch: kernels.attention for a whole sequence, Attention.decode per cached token
 - run_mode                    which routed mode a call runs ('exact' or 'sparse')
 - GPT.forward                 loss = LM loss + penalty_weight * mean router probability (the L1 penalty)
@@ -17,6 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from kernels.attention import BACKENDS, attention
+from kernels.gates import combine
 
 KIND_OF_LETTER = {"G": "dense", "L": "local", "R": "routed"}
 RUNTIME_KEYS = {"attention_backend", "routed_mode", "router_threshold", "router_explore"}  # may change between runs
@@ -41,6 +43,8 @@ class GPTConfig:
     router_init_std: float = 0.0
     router_explore: float = 0.0     # training only: this fraction of local decisions runs global anyway, so
                                     # routers that went local still learn what global would have given
+    router_sees_local: bool = False  # each head's router also reads that head's local attention output (what
+                                    # the window already found), not only the layer input
     routed_mode: str = "exact"      # 'exact': full + local for every token; 'sparse': full only where gated
     attention_backend: str = "auto"
     rope_base: float = 10000.0
@@ -90,7 +94,8 @@ def apply_rotary(x, cos, sin):
 
 
 class Router(nn.Module):
-    """Per-head All-or-Here router: p = sigmoid(W x + b) for each head, gate = p >= threshold.
+    """Per-head All-or-Here router: p = sigmoid(W x + b) for each head, gate = p >= threshold; with
+    router_sees_local, p = sigmoid(W x + b + u_h . o_h), o_h the head's local attention output at the token.
     The returned gate holds the hard 0/1 decision in the forward pass and the gradient of p in the
     backward pass (straight-through estimator: g = hard + p - p.detach())."""
 
@@ -100,10 +105,16 @@ class Router(nn.Module):
         # built without drawing from the RNG (reset_parameters sets it): a model with routers then gets, seed for
         # seed, the backbone init of the same model without them, so a grid's rows differ in routing, not in init
         self.logits = nn.utils.skip_init(nn.Linear, config.n_embd, config.n_head, bias=True)
+        head_dim = config.n_embd // config.n_head
+        self.local_weight = nn.Parameter(torch.empty(config.n_head, head_dim)) if config.router_sees_local else None
 
-    def forward(self, x, threshold=None, force_global=False):
-        """threshold: None for the trained one (config.router_threshold)."""
-        p = torch.sigmoid(self.logits(x).float()).transpose(1, 2)  # (B, H, T)
+    def forward(self, x, threshold=None, force_global=False, local=None):
+        """threshold: None for the trained one (config.router_threshold). local: (B, H, T, D) the heads' local
+        attention outputs, with router_sees_local."""
+        logits = self.logits(x).float().transpose(1, 2)  # (B, H, T)
+        if self.local_weight is not None:
+            logits = logits + torch.einsum("bhtd,hd->bht", local.float(), self.local_weight.float())
+        p = torch.sigmoid(logits)
         hard = p >= (self.config.router_threshold if threshold is None else threshold)
         if self.training and self.config.router_explore > 0:
             hard = hard | (torch.rand_like(p) < self.config.router_explore)
@@ -116,6 +127,8 @@ class Router(nn.Module):
         nn.init.normal_(self.logits.weight, std=self.config.router_init_std) if self.config.router_init_std \
             else nn.init.zeros_(self.logits.weight)
         nn.init.constant_(self.logits.bias, self.config.router_init_bias)
+        if self.local_weight is not None:  # zero: the router starts as the one without it, then learns to read it
+            nn.init.zeros_(self.local_weight)
 
 
 class Attention(nn.Module):
@@ -138,24 +151,35 @@ class Attention(nn.Module):
             (q, k), v = apply_rotary(qkv[:2], cos, sin), qkv[2]  # q and k in one call: half the ops to decode
         else:
             q, k, v = qkv
-        hard, gate, p = self.route(x, threshold, force_global)
         cfg = self.config
-        if cache is not None and cache.length > 0:
-            y = self.decode(q, k, v, hard, cache)
+        decoding = cache is not None and cache.length > 0
+        reads_local = self.router is not None and cfg.router_sees_local
+        local = None
+        if reads_local and not decoding:  # the router's input; exact mode reuses it as the routed local output
+            local = attention(q, k, v, kind="local", window=cfg.window, n_sink=cfg.n_sink,
+                              backend=cfg.attention_backend)
+        if decoding:  # a router that reads the local output routes inside decode, token by token
+            route = (x, threshold, force_global) if reads_local else None
+            hard, gate, p = (None, None, None) if reads_local else self.route(x, threshold, force_global)
+            y, hard, p = self.decode(q, k, v, hard, p, cache, route)
         else:
-            y = attention(q, k, v, kind=self.kind, window=cfg.window, n_sink=cfg.n_sink, gate=gate, mode=mode,
-                          backend=cfg.attention_backend)
+            hard, gate, p = self.route(x, threshold, force_global, local)
+            if local is not None and mode == "exact":
+                y = combine(local, attention(q, k, v, kind="dense", backend=cfg.attention_backend), gate)
+            else:
+                y = attention(q, k, v, kind=self.kind, window=cfg.window, n_sink=cfg.n_sink, gate=gate, mode=mode,
+                              backend=cfg.attention_backend)
             if cache is not None:
                 cache.write(k, v)
         y = y.transpose(1, 2).reshape(B, T, C)
         return self.dropout(self.proj(y)), hard, p
 
-    def route(self, x, threshold, force_global):
+    def route(self, x, threshold, force_global, local=None):
         """(hard gate, STE gate, p) for routed layers, (None, None, None) otherwise."""
         if self.kind != "routed":
             return None, None, None
         if self.router is not None:
-            return self.router(x, threshold, force_global)
+            return self.router(x, threshold, force_global, local)
         B, T, _ = x.shape
         q = self.config.random_global_q
         hard = torch.rand(B, self.n_head, T, device=x.device) < (q[self.layer] if isinstance(q, list) else q)
@@ -163,20 +187,32 @@ class Attention(nn.Module):
             hard = torch.ones_like(hard)
         return hard, hard.float(), None
 
-    def decode(self, q, k, v, hard, cache):
+    def decode(self, q, k, v, hard, p, cache, route=None):
         """New queries against the KV cache, one at a time: a local decision reads only the sinks and the window,
         a global one every cached key; no mask is built. Routed layers attend over the window for every head,
-        then over the full cache for the global heads only, and take the full output there."""
+        then over the full cache for the global heads only, and take the full output there. Returns (y, hard, p).
+        route: (x, threshold, force_global) for a router that reads the local output: it routes each token here,
+        once its window output exists (hard and p are then None on entry)."""
         B, H, T, D = q.shape
         if T > 1:
-            return torch.cat([self.decode(q[:, :, i:i + 1], k[:, :, i:i + 1], v[:, :, i:i + 1],
-                                          None if hard is None else hard[:, :, i:i + 1], cache) for i in range(T)], 2)
+            def at(t, i, dim=2):
+                return None if t is None else t.narrow(dim, i, 1)
+            steps = [self.decode(at(q, i), at(k, i), at(v, i), at(hard, i), at(p, i), cache,
+                                 route and (at(route[0], i, dim=1), *route[1:])) for i in range(T)]
+            return tuple(None if ts[0] is None else torch.cat(ts, 2) for ts in zip(*steps))
         cache.write(k, v)
         if self.kind == "dense":
-            return F.scaled_dot_product_attention(q, *cache.all_keys())
+            return F.scaled_dot_product_attention(q, *cache.all_keys()), hard, p
         y = F.scaled_dot_product_attention(q, *cache.window_keys())
         if self.kind == "local":
-            return y
+            return y, hard, p
+        if route is not None:
+            hard, _, p = self.route(route[0], route[1], route[2], y)
+        return self.decode_global(q, y, hard, cache), hard, p
+
+    def decode_global(self, q, y, hard, cache):
+        """A routed layer's decode step after its window output y: the full cache for the global heads."""
+        B, H, T, D = q.shape
         if not decode_gathers(q):  # the CPU reads each global head's keys where they are (a gather copies them)
             heads = [i for i, is_global in enumerate(hard.reshape(B * H).tolist()) if is_global]
             if not heads:

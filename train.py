@@ -297,7 +297,7 @@ def train_step(run, signals):
     lam = router_lambda_at(it, tcfg) if run.controller is None else \
         run.controller.weights(run.n_routers) * lambda_ramp(it, tcfg)
     for group in run.optimizer.param_groups:
-        group["lr"] = lr
+        group["lr"] = lr * group.get("lr_mult", 1.0)
     force_global = bool(torch.rand((), generator=run.generator) < tcfg.p_dense)
     out, loss_ok = forward_backward(run, lam, force_global, routed_mode_at(it, tcfg, run.mcfg))
     if run.scaler.is_enabled():

@@ -38,11 +38,14 @@ def training_flops_per_token(config, n_params, computed_flop_frac):
     return 6 * (n_params - positions) + attention_dense * float(computed_flop_frac)
 
 
-def routed_keys_computed(gate, mode, dense_keys, local_keys):
+def routed_keys_computed(gate, mode, dense_keys, local_keys, router_sees_local=False):
     """Keys a routed layer's kernels read, summed over query positions: the window for every head, plus the
-    full causal row for every query ('exact') or for the global ones only ('sparse'). gate: (B, H, T)."""
+    full causal row for every query ('exact') or for the global ones only ('sparse'). gate: (B, H, T).
+    router_sees_local: a router reads the local output, computed before routing; 'exact' combines it with the
+    full output, 'sparse' computes it a second time inside the routed kernel."""
     full = dense_keys if mode == "exact" else gate.mean(dim=(0, 1)) * dense_keys
-    return (local_keys + full).sum()
+    local_passes = 2 if router_sees_local and mode == "sparse" else 1
+    return (local_passes * local_keys + full).sum()
 
 
 @torch.no_grad()
@@ -61,15 +64,16 @@ def routing_stats(output, config, mode=None):
     dense_keys = keys_read("dense", T, config.window, config.n_sink, device).float()
     local_keys = keys_read("local", T, config.window, config.n_sink, device).float()
     counted = mode or output.routed_mode
+    sees_local = config.router_sees_local and config.routing == "learned"
     global_frac, mean_p, ideal, computed, ran = [], [], [], [], []
     for kind, hard, p in zip(config.kinds, output.gates, output.probs):
         if kind == "routed":
             g = hard.float()  # (B, H, T)
             frac = g.mean(dim=(0, 2))
             ideal_keys = (g * dense_keys + (1 - g) * local_keys).mean(dim=(0, 1)).sum()
-            computed_keys = routed_keys_computed(g, counted, dense_keys, local_keys)
+            computed_keys = routed_keys_computed(g, counted, dense_keys, local_keys, sees_local)
             ran_keys = computed_keys if output.routed_mode == counted else \
-                routed_keys_computed(g, output.routed_mode, dense_keys, local_keys)
+                routed_keys_computed(g, output.routed_mode, dense_keys, local_keys, sees_local)
         else:
             frac = torch.full((H,), 1.0 if kind == "dense" else 0.0, device=device)
             ideal_keys = computed_keys = ran_keys = (dense_keys if kind == "dense" else local_keys).sum()

@@ -35,6 +35,7 @@ class TrainConfig:
     router_lambda: float = 0.01          # weight of the L1 router penalty (mean router probability)
     router_lambda_start: int = 0         # penalty is zero before this step ...
     router_lambda_ramp: int = 200        # ... then ramps linearly to router_lambda over this many steps
+    router_lr_mult: float = 1.0          # the routers' learning rate is learning_rate times this (same schedule)
     router_budget: float = 0.0           # no penalty on a routed layer whose mean router probability is below this
     router_target_global: float = 0.0    # > 0: lambda adapts so the routed global fraction approaches this
     router_target_per_layer: bool = False  # ... each routed layer on its own (else the mean over routed layers)
@@ -76,7 +77,7 @@ class TrainConfig:
         for key in ("weight_decay", "grad_clip", "router_lambda", "peak_flops"):
             if getattr(self, key) < 0:
                 raise ValueError(f"{key}={getattr(self, key)} must not be negative")
-        for key in ("router_target_rate", "router_lambda_max"):
+        for key in ("router_target_rate", "router_lambda_max", "router_lr_mult"):
             if not getattr(self, key) > 0:
                 raise ValueError(f"{key}={getattr(self, key)} must be positive")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):

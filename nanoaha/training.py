@@ -136,9 +136,17 @@ def compile_model(model):
 
 
 def configure_optimizer(model, cfg, device_type):
-    """AdamW; weight decay on matrices only (not on norms, biases or the router's bias)."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    """AdamW; weight decay on matrices only (not on norms, biases or the router's bias). With router_lr_mult != 1
+    the routers' parameters form groups of their own whose "lr_mult" train.py applies to each step's rate."""
+    routers = {id(p) for name, p in model.named_parameters() if ".router." in name} \
+        if cfg.router_lr_mult != 1 else set()
+    def two_groups(params, mult):  # weight decay on matrices only
+        return [{"params": [p for p in params if p.requires_grad and p.dim() >= 2], "weight_decay": cfg.weight_decay,
+                 "lr_mult": mult},
+                {"params": [p for p in params if p.requires_grad and p.dim() < 2], "weight_decay": 0.0,
+                 "lr_mult": mult}]
+    groups = two_groups([p for p in model.parameters() if id(p) not in routers], 1.0)
+    if routers:
+        groups += two_groups([p for p in model.parameters() if id(p) in routers], cfg.router_lr_mult)
     return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2),
                              fused=device_type == "cuda")

@@ -220,13 +220,18 @@ def comparable(argv, cwd, ignore=()):
 
 def train_state(job, grid, out_root):
     """What the run needs: 'skip' (complete), 'resume' (a checkpoint short of max_iters), 'train' (nothing yet).
-    Refuses a run folder trained with another command (delete it to retrain)."""
+    A complete run without its checkpoint (kept by a record, nanoaha/grid/kept.py) is 'skip' when its eval.json
+    is the grid's evaluation. Refuses a run folder trained with another command (delete it to retrain)."""
     summary = read_json(os.path.join(job.out_dir, "train_summary.json"))
     has_ckpt = os.path.isfile(os.path.join(job.out_dir, "ckpt.pt"))
+    complete = bool(summary and summary.get("complete") and summary.get("max_iters") == job.tcfg.max_iters)
+    kept = complete and not has_ckpt and grid_evaluation(job) is not None
     planned = train_argv(job, grid, out_root)
     first = next((launch for launch in launches(job.out_dir) if launch["step"] == "train"), None)
-    known = has_ckpt and first is not None and "--init_from=resume" not in first["argv"] and planned is not None
+    known = (has_ckpt or kept) and first is not None and "--init_from=resume" not in first["argv"] \
+        and planned is not None
     ignore = ["random_global_q"] if matched_run(job) else []  # a re-evaluation may move matched rates a little
+    ignore += ["out_dir"] if kept else []  # a kept run may come back under another --out
     differ = sorted(comparable(planned, os.getcwd(), ignore) ^ comparable(first["argv"], first["cwd"], ignore)) \
         if known else []
     if differ:
@@ -234,7 +239,7 @@ def train_state(job, grid, out_root):
                         f"delete that folder to retrain it, or restore the grid")
     if known and matched_run(job):
         check_matched_rates(job, first["argv"], planned)
-    if has_ckpt and summary and summary.get("complete") and summary.get("max_iters") == job.tcfg.max_iters:
+    if complete and (has_ckpt or kept):
         return "skip"
     return "resume" if has_ckpt else "train"
 
@@ -255,10 +260,13 @@ def check_matched_rates(job, trained_argv, planned_argv):
 
 def eval_state(job, grid):
     """'skip' when eval.json is newer than the checkpoint, came from the same evaluate command and records the
-    grid's settings (not another evaluation written over it); else 'evaluate'."""
+    grid's settings (not another evaluation written over it), or when a run kept by a record (no checkpoint) has
+    the grid's evaluation; else 'evaluate'."""
     path, ckpt = eval_json(job.out_dir), os.path.join(job.out_dir, "ckpt.pt")
     evaluated = [[a for a in launch["argv"] if a != "--overwrite"] for launch in launches(job.out_dir)
                  if launch["step"] == "evaluate"]
+    if not os.path.isfile(ckpt) and grid_evaluation(job) is not None:
+        return "skip"  # kept by a record (perhaps under another --out): nothing to evaluate again
     fresh = os.path.isfile(path) and os.path.isfile(ckpt) and os.path.getmtime(path) >= os.path.getmtime(ckpt)
     same = fresh and evaluated and evaluated[-1][1:] == eval_argv(job, grid)[1:]
     return "skip" if same and grid_evaluation(job) is not None else "evaluate"
@@ -270,7 +278,9 @@ def describe(job, grid, out_root):
     after = f" (after {', '.join(f'{r} seed {s}' for r, s in job.deps)})" if job.deps else ""
     argv = train_argv(job, grid, out_root, resume=state == "resume",
                       unresolved=f"<per-layer global fractions of {matched_run(job)} seed {job.seed}, once evaluated>")
-    if state == "skip":
+    if state == "skip" and not os.path.isfile(os.path.join(job.out_dir, "ckpt.pt")):
+        what = "complete (kept by a record, no checkpoint), skipped"
+    elif state == "skip":
         what = "complete, skipped" + ("" if eval_state(job, grid) == "skip" else "; will be evaluated")
     elif state == "resume":
         summary = read_json(os.path.join(job.out_dir, "train_summary.json")) or {}

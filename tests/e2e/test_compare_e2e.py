@@ -81,6 +81,48 @@ def test_grid_runs_skips_what_is_complete_resumes_what_is_not_and_writes_the_rec
         compare.main(argv)
 
 
+def test_a_grid_grows_in_a_later_session_from_the_runs_its_record_kept(tmp_path, tiny_corpus, capsys):
+    """Session 1 trains local and writes a record that keeps its small files; session 2 (its out/ gone) adds a row,
+    takes local back with --from_record (no process launched for it, no checkpoint) and trains only the new row;
+    its record has both rows, local's numbers those of session 1."""
+    records = str(tmp_path / "results")
+    common = {**TINY, "data_dir": str(tiny_corpus)}
+    evaluate = "evaluate = {'eval_tokens': 512, 'device': 'cpu'}\n"
+    path = write_grid(tmp_path / "grow.py", {"local": {"schedule": "L"}}, common, extra=evaluate)
+    assert compare.main([path, "--jobs=1", f"--out={tmp_path / 'out1'}", f"--record_dir={records}"]) == 0
+    (first,) = os.listdir(records)
+    kept = os.path.join(records, first, "runs", "local__seed_1")
+    assert sorted(os.listdir(kept)) == ["eval.json", "launches.json", "train.log", "train_summary.json"]
+
+    path = write_grid(tmp_path / "grow.py", {"local": {"schedule": "L"}, "routed": {"schedule": "R"}}, common,
+                      extra=evaluate)
+    out2 = str(tmp_path / "out2")
+    argv = [path, "--jobs=1", f"--out={out2}", f"--record_dir={records}", f"--from_record={os.path.join(records, first)}"]
+    assert compare.main(argv + ["--dry_run"]) == 0
+    printed = capsys.readouterr().out
+    assert "would take 1 finished run(s)" in printed and not os.path.exists(out2)
+    assert compare.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "took 1 finished run(s) from" in printed and "local seed 1" in printed
+    local_dir = os.path.join(out2, "grow", "local__seed_1")
+    assert not os.path.exists(os.path.join(local_dir, "ckpt.pt"))
+    assert [launch["step"] for launch in launches(local_dir)] == ["train", "evaluate"]  # session 1's, none new
+    second = sorted(os.listdir(records))[1]
+    rows = {row["run"]: row for row in json.load(open(os.path.join(records, second, "rows.json")))["rows"]}
+    first_rows = {row["run"]: row for row in json.load(open(os.path.join(records, first, "rows.json")))["rows"]}
+    assert rows["local"]["results"][0]["val_loss"] == first_rows["local"]["results"][0]["val_loss"]
+    assert rows["routed"]["results"][0]["complete"]
+    assert sorted(os.listdir(os.path.join(records, second, "runs"))) == ["local__seed_1", "routed__seed_1"]
+    assert compare.main([path, "--jobs=1", f"--out={out2}", f"--record_dir={records}", "--dry_run"]) == 0
+    assert "local seed 1: complete (kept by a record, no checkpoint), skipped" in capsys.readouterr().out
+
+    path = write_grid(tmp_path / "grow.py", {"local": {"schedule": "L", "window": 4}}, common, extra=evaluate)
+    with pytest.raises(SystemExit, match="was trained with another command .*--window=4"):
+        compare.main([path, f"--out={tmp_path / 'out3'}", f"--from_record={os.path.join(records, first)}"])
+    with pytest.raises(SystemExit, match="no runs/ folder there"):
+        compare.main([path, f"--out={tmp_path / 'out4'}", f"--from_record={tmp_path}"])
+
+
 def test_a_signal_stops_the_grid_and_every_run_saves_its_step(tmp_path, tiny_corpus):
     out = str(tmp_path / "out")
     runs = {"long": {"schedule": "R", "max_iters": 100000, "lr_decay_iters": 1000, "log_interval": 1},

@@ -123,6 +123,34 @@ def test_sparse_from_iter_trains_exact_first_then_sparse(tmp_path, tiny_corpus, 
         train.train(*tiny_train_configs(tmp_path, tiny_corpus, max_iters=2, schedule="G", router_target_global=0.1))
 
 
+def test_router_lr_mult_scales_the_routers_learning_rate_only(tmp_path, tiny_corpus, monkeypatch):
+    """The routers' parameters (router_sees_local's u included) step at router_lr_mult times the scheduled rate,
+    the rest at the rate; resume continues with the same groups and the same losses."""
+    stepped_at = []
+    step = torch.optim.AdamW.step
+
+    def recording_step(self, *args, **kwargs):
+        stepped_at.append([(group["lr"], len(group["params"])) for group in self.param_groups])
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", recording_step)
+    common = {"router_lr_mult": 10.0, "router_sees_local": True, "eval_interval": 100, "lr_decay_iters": 8}
+    tcfg, mcfg = tiny_train_configs(tmp_path / "a", tiny_corpus, max_iters=8, **common)
+    routers = [p for name, p in GPT(mcfg).named_parameters() if ".router." in name]
+    n_matrices = sum(p.dim() >= 2 for p in routers)
+    assert n_matrices == 4  # per routed layer: W and u (the biases go to the no-decay group)
+    straight = train.train(tcfg, mcfg)["losses"]
+    assert len(stepped_at) == 8
+    for it, groups in enumerate(stepped_at):
+        lr = lr_at(it, tcfg)
+        assert [g[0] for g in groups] == pytest.approx([lr, lr, 10 * lr, 10 * lr])
+        assert [g[1] for g in groups[2:]] == [n_matrices, len(routers) - n_matrices]
+    train.train(*tiny_train_configs(tmp_path / "b", tiny_corpus, max_iters=4, **common))
+    resumed = train.train(*tiny_train_configs(tmp_path / "b", tiny_corpus, max_iters=8, init_from="resume",
+                                              **common))["losses"]
+    assert resumed == straight[4:]
+
+
 def test_resume_continues_with_identical_losses(tmp_path, tiny_corpus):
     common = {"lr_decay_iters": 12, "eval_interval": 100, "p_dense": 0.3, "routing": "random", "dropout": 0.1}
     straight = train.train(*tiny_train_configs(tmp_path / "a", tiny_corpus, max_iters=12, **common))["losses"]

@@ -251,15 +251,18 @@ def test_routing_stats_flop_fraction():
     assert keys_read("local", 12, 4, 2).tolist() == [1, 2, 3, 4, 5, 6, 6, 6, 6, 6, 6, 6]
 
 
-@pytest.mark.parametrize("schedule, n_sink", [("R", 0), ("R", 3), ("RL", 2)])
+@pytest.mark.parametrize("schedule, n_sink, sees_local", [("R", 0, False), ("R", 3, False), ("RL", 2, False),
+                                                         ("R", 2, True)])
 @pytest.mark.parametrize("gather", [False, True])
-def test_decode_reads_what_full_attention_reads_for_each_gate(schedule, n_sink, gather, monkeypatch):
-    """Token by token with the cache, logits equal those of one forward over the whole sequence (the reference
-    backend's explicit masks), batch 3, each sequence and head with its own gates; both ways of reading the
-    global heads (head by head as on the CPU, gathered as on CUDA)."""
+def test_decode_reads_what_full_attention_reads_for_each_gate(schedule, n_sink, sees_local, gather, monkeypatch):
+    """Token by token with the cache, logits and gates equal those of one forward over the whole sequence (the
+    reference backend's explicit masks), batch 3, each sequence and head with its own gates; both ways of
+    reading the global heads (head by head as on the CPU, gathered as on CUDA); a router that reads the local
+    output routes each decoded token from its window output, prefill (10 tokens at once) included."""
     monkeypatch.setattr("model.decode_gathers", lambda q: gather)
     torch.manual_seed(0)
-    cfg = small_config(schedule=schedule, n_sink=n_sink, router_init_std=2.0, n_layer=2, attention_backend="reference")
+    cfg = small_config(schedule=schedule, n_sink=n_sink, router_init_std=2.0, n_layer=2, attention_backend="reference",
+                       router_sees_local=sees_local)
     model = GPT(cfg).eval()
     x = tokens(B=3, T=30)
     with torch.no_grad():
@@ -267,9 +270,61 @@ def test_decode_reads_what_full_attention_reads_for_each_gate(schedule, n_sink, 
         gates = out.gates[0][:, :, 10:]
         assert 0.1 < gates.float().mean() < 0.9 and not torch.equal(gates[0], gates[1])
         cache = model.new_cache()
-        steps = [model(x[:, :10], cache=cache).logits[:, -1]]
-        steps += [model(x[:, t:t + 1], cache=cache).logits[:, -1] for t in range(10, 30)]
+        first = model(x[:, :10], cache=cache)
+        steps = [first.logits[:, -1]]
+        step_gates = [first.gates[0]]
+        for t in range(10, 30):
+            step = model(x[:, t:t + 1], cache=cache)
+            steps.append(step.logits[:, -1])
+            step_gates.append(step.gates[0])
     torch.testing.assert_close(torch.stack(steps, 1), out.logits[:, 9:], rtol=1e-4, atol=1e-4)
+    assert torch.equal(torch.cat(step_gates, 2), out.gates[0])
+
+
+def test_a_router_that_sees_the_local_output_adds_u_dot_it_to_its_logit():
+    """p = sigmoid(W x + b + u_h . o_h), o_h the head's local attention output; with u = 0 (its init) the model is
+    the plain-router model with the same weights, and the LM loss alone trains u through the STE."""
+    torch.manual_seed(0)
+    cfg = dict(schedule="RL", router_init_std=0.5, n_layer=2, attention_backend="reference")
+    plain, seeing = GPT(small_config(**cfg)), GPT(small_config(router_sees_local=True, **cfg))
+    seeing.load_state_dict(plain.state_dict(), strict=False)
+    router = seeing.blocks[0].attn.router
+    assert router.local_weight.abs().sum() == 0
+    x = tokens()
+    torch.testing.assert_close(seeing(x, x).logits, plain(x, x).logits)
+    out = seeing(x, x)
+    out.lm_loss.backward()
+    assert router.local_weight.grad.abs().sum() > 0
+    with torch.no_grad():
+        router.local_weight.normal_()
+        attn, h = seeing.blocks[0].attn, seeing.blocks[0].ln_1(seeing.wte(x))
+        q, k, v = attn.qkv(h).view(2, 40, 3, 2, 16).permute(2, 0, 3, 1, 4)
+        q, k = apply_rotary(q, seeing.rope_cos[:40], seeing.rope_sin[:40]), \
+            apply_rotary(k, seeing.rope_cos[:40], seeing.rope_sin[:40])
+        local = attention(q, k, v, kind="local", window=8, backend="reference")
+        logits = router.logits(h).transpose(1, 2) + (local * router.local_weight[None, :, None]).sum(-1)
+        torch.testing.assert_close(seeing(x, x).probs[0], torch.sigmoid(logits))
+
+
+@pytest.mark.parametrize("mode", ["exact", "sparse"])
+def test_a_router_that_sees_the_local_output_matches_the_reference_backend(mode):
+    """Exact mode combines the router's local output with full attention (no second local pass); sparse mode
+    runs the routed kernel: logits and gradients as the reference backend's explicit masks give them."""
+    torch.manual_seed(0)
+    cfg = dict(schedule="R", router_init_std=1.0, n_layer=2, routed_mode=mode, router_sees_local=True)
+    fast, ref = GPT(small_config(**cfg)), GPT(small_config(attention_backend="reference", **cfg))
+    with torch.no_grad():
+        for block in fast.blocks:
+            block.attn.router.local_weight.normal_()
+    ref.load_state_dict(fast.state_dict())
+    x = tokens()
+    out_fast, out_ref = fast(x, x), ref(x, x)
+    assert 0.1 < out_fast.gates[0].float().mean() < 0.9
+    torch.testing.assert_close(out_fast.logits, out_ref.logits, rtol=1e-4, atol=1e-4)
+    out_fast.loss.backward()
+    out_ref.loss.backward()
+    for (name, a), b in zip(fast.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-3, atol=1e-5, msg=name)
 
 
 def test_a_pruned_model_generates_from_a_window_cache():
