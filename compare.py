@@ -34,7 +34,8 @@ from nanoaha.grid.gridfile import GridError, load_grid
 from nanoaha.grid.kept import keep_runs, restore_runs
 from nanoaha.grid.lock import GridLock
 from nanoaha.grid.plan import describe, launches, plan, train_state, window_groups
-from nanoaha.grid.tables import has_key_losses, load_rows, record_table, rows_of, save_rows, summary_record_table
+from nanoaha.grid.tables import (comparison_curves_table, has_key_losses, history_differences, load_rows,
+                                 record_table, rows_of, save_rows, summary_record_table)
 
 
 @dataclass
@@ -108,6 +109,30 @@ def val_curves(jobs, rows, history="val_history"):
     return curves
 
 
+def along_training(record, grid, jobs, rows):
+    """The comparisons along training (train.py's evaluations, same seed): comparison_curves.png and the README
+    lines that show it and its table; [] where no compared pair has evaluations during training."""
+    if not grid.comparisons:
+        return []
+    tokens_per_step = jobs[0].tcfg.batch_size * jobs[0].tcfg.grad_accum * jobs[0].mcfg.block_size
+    table = comparison_curves_table(rows, grid.comparisons, tokens_per_step)
+    if not table:
+        return []
+    by_name = {row.run: row for row in rows}
+    pairs = [(f"{run} - {other}", by_name[run], by_name[other]) for run, other in grid.comparisons.values()
+             if run in by_name and other in by_name]
+    panels = [(title, [(label, history_differences(a, b, metric)) for label, a, b in pairs
+                       if history_differences(a, b, metric)])
+              for title, metric in (("all tokens", "val_loss"), ("key tokens", "key_loss"))
+              if metric == "val_loss" or has_key_losses(rows)]
+    plots.comparison_curves(os.path.join(record, "comparison_curves.png"), panels)
+    return ["## Along training", "",
+            "The comparisons at every evaluation during training (train.py's, on its fixed val windows), same "
+            "seed: the first step from which the first run's loss stays below the other's at every later "
+            "evaluation of every seed, and the difference at the last one (mean over seeds).", "",
+            table, "![loss differences along training, same seed](comparison_curves.png)", ""]
+
+
 def write_record(grid, jobs, rows, table, cfg, argv, started, elapsed):
     """RECORD_DIR/<date>_<grid>/ with README.md, table.md, the grid file and the plots; returns its path."""
     record = new_record_dir(cfg.record_dir, grid.name)
@@ -126,6 +151,7 @@ def write_record(grid, jobs, rows, table, cfg, argv, started, elapsed):
     key_curves = val_curves(jobs, rows, "key_history")
     if any(loss is not None for _, points in key_curves for _, loss in points):
         plots.val_curves(os.path.join(record, "key_curves.png"), key_curves, "key-token loss (train.py's eval)")
+    along = along_training(record, grid, jobs, rows)
     heatmaps = []
     for row in rows:
         first = row.results[0]
@@ -142,7 +168,7 @@ def write_record(grid, jobs, rows, table, cfg, argv, started, elapsed):
              f"ckpt.pt, train_summary.json, eval.json).", "",
              "## Budget", "", *budget_lines(grid, jobs, cfg, started, elapsed), "",
              "## Results", "", "[table.md](table.md):", "", table, "",
-             "## Plots", "",
+             *along, "## Plots", "",
              "![val loss against attention FLOPs](pareto.png)", "",
              *(["![key-token loss against attention FLOPs](pareto_key_tokens.png)", ""] if has_key_losses(rows)
                else []),

@@ -186,6 +186,28 @@ def heatmap(path, run, per_head, layers):
     return _save(fig, path)
 
 
+def comparison_curves(path, panels):
+    """Same-seed loss differences along training, one panel per loss (all tokens, key tokens): panels is
+    [(title, [(label, {seed: [[step, difference], ...]}), ...]), ...]; a colour per comparison, a line style per
+    seed, and the zero line (below it the first run of the pair is better)."""
+    fig = Figure(figsize=(4.6 * len(panels) + 2.4, 4.2))
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    styles = ["-", "--", ":", "-."]
+    for ax, (title, curves) in zip(axes, panels):
+        for i, (label, by_seed) in enumerate(curves):
+            for j, (seed, points) in enumerate(sorted(by_seed.items())):
+                steps, diffs = zip(*points)
+                ax.plot(steps, diffs, lw=1, color=_color(i), ls=styles[j % len(styles)],
+                        label=f"{label}, seed {seed}")
+        ax.axhline(0.0, color="black", lw=0.8)
+        ax.set_xlabel("step")
+        ax.set_ylabel("loss difference, same seed")
+        ax.set_title(title, fontsize=10)
+        ax.grid(alpha=0.3)
+    _legend_beside(axes[-1])
+    return _save(fig, path)
+
+
 def val_curves(path, curves, ylabel="val loss (train.py's eval)"):
     """A loss against step (val loss; ylabel names another). curves: [(label, [[step, loss], ...]), ...]."""
     fig, ax = _axes(WIDE)

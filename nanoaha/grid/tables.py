@@ -307,6 +307,72 @@ def comparisons_table(rows, comparisons):
     return "\n".join(lines) + "\n"
 
 
+def history_differences(row, other, metric="val_loss"):
+    """{seed: [[step, row's loss - other's], ...]} at the steps both runs evaluated during training (train.py's
+    evaluations: val_history, or key_history for metric 'key_loss'), for the seeds both completed; step 0 (the
+    untrained models) left out."""
+    history, column = ("key_history", 1) if metric == "key_loss" else ("val_history", 1)
+    def losses(result):
+        return {entry[0]: entry[column] for entry in result.get(history) or [] if entry[column] is not None}
+    theirs = {r["seed"]: losses(r) for r in other.results if r["complete"]}
+    found = {}
+    for result in row.results:
+        if result["complete"] and result["seed"] in theirs:
+            mine, ref = losses(result), theirs[result["seed"]]
+            points = [[step, mine[step] - ref[step]] for step in sorted(set(mine) & set(ref)) if step > 0]
+            if points:
+                found[result["seed"]] = points
+    return found
+
+
+def below_zero_from(differences):
+    """The first step from which the difference is below zero at every later evaluation of every seed (the
+    seeds' common steps); None where the last evaluation is not below zero on every seed."""
+    if not differences:
+        return None
+    steps = sorted(set.intersection(*({step for step, _ in points} for points in differences.values())))
+    at = {seed: dict(map(tuple, points)) for seed, points in differences.items()}
+    first = None
+    for step in reversed(steps):
+        if all(at[seed][step] < 0 for seed in at):
+            first = step
+        else:
+            break
+    return first
+
+
+def comparison_curves_table(rows, comparisons, tokens_per_step):
+    """Per question: from which step of training the first run's loss stays below the other's at every later
+    evaluation of every seed, on all tokens and on key tokens, and the difference at the last common step.
+    '' when no pair of runs has evaluations during training to compare."""
+    by_name = {row.run: row for row in rows}
+    metrics = ["val_loss", "key_loss"] if has_key_losses(rows) else ["val_loss"]
+    lines = []
+    for question, (run, other) in comparisons.items():
+        if run not in by_name or other not in by_name:
+            continue
+        cells = []
+        for metric in metrics:
+            differences = history_differences(by_name[run], by_name[other], metric)
+            if not differences:
+                cells += ["-", "-"]
+                continue
+            step = below_zero_from(differences)
+            cells.append("not at the last evaluation" if step is None else
+                         f"step {step} ({step * tokens_per_step / 1e6:.1f}M tokens)")
+            last = [points[-1] for points in differences.values()]
+            cells.append(f"{sum(d for _, d in last) / len(last):+.3f} at step {min(s for s, _ in last)} "
+                         f"({len(last)} seed{'s' if len(last) > 1 else ''})")
+        if any(cell != "-" for cell in cells):
+            lines.append(f"| {question} | {run} - {other} | " + " | ".join(cells) + " |")
+    if not lines:
+        return ""
+    head = "| question | runs | all tokens: below 0 from | all tokens: last |"
+    if len(metrics) == 2:
+        head += " key tokens: below 0 from | key tokens: last |"
+    return "\n".join([head, "|---|---|" + "---|" * 2 * len(metrics), *lines]) + "\n"
+
+
 def record_table(rows, references, comparisons):
     """A record's table.md: results_table, then the grid's comparisons table where it asks any."""
     table = results_table(rows, references)

@@ -465,3 +465,36 @@ def test_the_summary_gives_key_token_columns_to_grids_evaluated_with_key_tokens(
     cells = table_cells(table)["routed"]
     assert cells[-2:] == ["1.420", "-0.080 (1 seed)"]
     assert "Key-token loss:" in table and "Key-token loss:" not in summary_table([("old", old, refs)])
+
+
+def test_comparisons_along_training_find_where_a_run_stays_ahead_at_every_seed(tmp_path):
+    """Same-seed differences at the steps both runs evaluated; the step from which the difference stays below
+    zero on every seed (a dip that comes back does not count); the table and the plot from them."""
+    from nanoaha.grid.tables import below_zero_from, comparison_curves_table, history_differences
+    from nanoaha.grid import plots
+
+    def run(seed, losses, keys):
+        return result(seed, losses[-1], key_loss=keys[-1],
+                      val_history=[[s, l] for s, l in zip((0, 100, 200, 300, 400), losses)],
+                      key_history=[[s, k, None] for s, k in zip((0, 100, 200, 300, 400), keys)])
+    local = Row("local", "fixed", "L", [1, 2], [run(1, [5, 2.0, 1.8, 1.7, 1.6], [5, 1.5, 1.4, 1.3, 1.2]),
+                                                run(2, [5, 2.0, 1.8, 1.7, 1.6], [5, 1.5, 1.4, 1.3, 1.2])])
+    # all tokens: seed 1 below from 200, seed 2 dips below at 100, back above at 200, below from 300
+    dense = Row("dense", "fixed", "G", [1, 2], [run(1, [5, 2.1, 1.7, 1.6, 1.5], [5, 1.6, 1.3, 1.2, 1.1]),
+                                                run(2, [5, 1.9, 1.9, 1.6, 1.55], [5, 1.6, 1.5, 1.4, 1.3])])
+    diffs = history_differences(dense, local)
+    assert sorted(diffs) == [1, 2] and [s for s, _ in diffs[1]] == [100, 200, 300, 400]  # step 0 left out
+    assert diffs[2][0][1] == pytest.approx(-0.1)
+    assert below_zero_from(diffs) == 300
+    assert below_zero_from(history_differences(dense, local, "key_loss")) is None  # seed 2 stays above
+    table = comparison_curves_table([local, dense], {"dense vs local": ("dense", "local")}, tokens_per_step=4096)
+    cells = [c.strip() for c in table.splitlines()[2].strip("|").split("|")]
+    assert cells == ["dense vs local", "dense - local", "step 300 (1.2M tokens)", "-0.075 at step 400 (2 seeds)",
+                     "not at the last evaluation", "+0.000 at step 400 (2 seeds)"]
+    no_history = [Row(r.run, r.kind, r.layers, r.seeds, [{**x, "val_history": [], "key_history": []}
+                                                         for x in r.results]) for r in (local, dense)]
+    assert comparison_curves_table(no_history, {"dense vs local": ("dense", "local")}, 4096) == ""
+    fig = plots.comparison_curves(tmp_path / "c.png", [("all tokens", [("dense - local", diffs)])])
+    (ax,) = fig.axes
+    assert len(ax.lines) == 3 and list(ax.lines[1].get_xdata()) == [100, 200, 300, 400]  # 2 seeds + the zero line
+    assert (tmp_path / "c.png").stat().st_size > 1000
