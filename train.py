@@ -71,6 +71,7 @@ class Run:
     best_val: float = math.inf
     val_history: list = field(default_factory=list)  # [step, val loss] of every evaluation
     key_history: list = field(default_factory=list)  # [step, key-token loss, other tokens' loss] of every evaluation
+    head_history: list = field(default_factory=list)  # [step, per layer and head global fraction] of every evaluation
     last_eval: dict = field(default_factory=dict)    # val, key and other loss and routing of the latest evaluation
     losses: list = field(default_factory=list)       # every step's training loss (this rank's last micro-step)
     saved_step: int | None = None                    # the step of the latest checkpoint this run wrote ...
@@ -242,6 +243,7 @@ def resume(run):
         run.scaler.load_state_dict(ckpt["scaler"])
     run.iter_num, run.best_val, run.val_history = ckpt["iter_num"], ckpt["best_val_loss"], ckpt["val_history"]
     run.key_history = ckpt.get("key_history", [])  # checkpoints before key tokens (2026-12-02) have none
+    run.head_history = ckpt.get("head_history", [])  # ... and before 2026-12-03 none of this
     # what the folder holds, for the divergence message: the resumed checkpoint, the best of the earlier steps
     run.saved_step = run.iter_num if resumed_from == run.ckpt_path else None
     run.best_step = next((step for step, loss in run.val_history if loss == run.best_val), None)
@@ -411,7 +413,7 @@ def checkpoint_state(run):
             "scaler": run.scaler.state_dict() if run.scaler.is_enabled() else None,
             "model_config": asdict(run.mcfg), "train_config": asdict(run.tcfg), "dtype": dtype_name(run.dtype),
             "iter_num": run.iter_num, "best_val_loss": run.best_val, "val_history": run.val_history,
-            "key_history": run.key_history,
+            "key_history": run.key_history, "head_history": run.head_history,
             "router_lambda_state": run.controller.u if run.controller is not None else None,
             "data_meta": run.data.meta,
             "rng": {"torch": gathered(run, torch.get_rng_state()), "cuda": gathered(run, cuda),
@@ -450,7 +452,8 @@ def evaluate_and_save(run, final=False):
     is_best = finite and val_loss < run.best_val
     run.best_val = min(run.best_val, val_loss) if finite else run.best_val
     for history, entry in ((run.val_history, [it, val_loss]),
-                           (run.key_history, [it, losses["key_loss"], losses["other_loss"]])):
+                           (run.key_history, [it, losses["key_loss"], losses["other_loss"]]),
+                           (run.head_history, [it, stats["global_frac"].tolist()])):
         if history and history[-1][0] == it:  # resumed at an evaluation's step: evaluated again
             history[-1] = entry
         else:
@@ -462,7 +465,7 @@ def evaluate_and_save(run, final=False):
         if finite:
             warn_collapse(stats, mcfg.kinds, tcfg.collapse_frac, it)
             run.logger.evaluation(it, losses, stats, run.raw_model, run.val_batches[0][0].to(run.device),
-                                  run.data.meta, run.autocast)
+                                  run.data.meta, run.autocast, head_history=run.head_history)
         else:
             tqdm.write(f"WARNING step {it}: val loss is not finite (the model diverged); no checkpoint written "
                        f"({run.ckpt_path} keeps the last good one)")

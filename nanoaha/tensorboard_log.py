@@ -121,6 +121,36 @@ def heatmap_figure(global_frac, kinds):
     return fig
 
 
+def head_curves_figure(head_history, kinds):
+    """Each routed layer's heads along training, a colour per head (Custom Scalars colours lines by run only):
+    head_history is [[step, (L, H) global fractions], ...]; None without routed layers or evaluations."""
+    routed = [layer for layer, kind in enumerate(kinds) if kind == "routed"]
+    if not routed or not head_history:
+        return None
+    steps = [step for step, _ in head_history]
+    frac = np.array([fractions for _, fractions in head_history], dtype=float)  # (evals, L, H)
+    columns = min(4, len(routed))
+    rows = math.ceil(len(routed) / columns)
+    fig = Figure(figsize=(1.0 + 3.0 * columns, 0.6 + 2.3 * rows), dpi=100)
+    axes = fig.subplots(rows, columns, squeeze=False).flatten()
+    colours = matplotlib.colormaps["tab20" if frac.shape[2] > 10 else "tab10"]
+    for ax, layer in zip(axes, routed):
+        for head in range(frac.shape[2]):
+            ax.plot(steps, frac[:, layer, head], lw=1.2, color=colours(head), marker="." if len(steps) < 30 else None,
+                    label=f"h{head}")
+        ax.set_title(f"layer {layer}", fontsize=9)
+        ax.set_ylim(0, 1)
+        ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+    for ax in axes[len(routed):]:
+        ax.set_visible(False)
+    axes[0].legend(fontsize=7, ncol=2 if frac.shape[2] > 6 else 1, loc="best")
+    fig.suptitle("global fraction per head along training (val, every evaluation)", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
 def head_usage_figure(global_frac, kinds):
     """Every routed head's global fraction, most global first (the long tail); None without routed layers."""
     frac = as_array(global_frac)
@@ -354,12 +384,13 @@ class Logger:
         if fig is not None:
             self.writer.add_image(tag, figure_to_array(fig), step, dataformats="HWC")
 
-    def evaluation(self, step, losses, stats, model, x, meta, autocast=nullcontext()):
+    def evaluation(self, step, losses, stats, model, x, meta, autocast=nullcontext(), head_history=None):
         """Everything logged at an evaluation: val/loss, val/key_loss and val/other_loss (losses: evaluate_losses'
         dict; a loss without targets, nan, is left out) and val_routing scalars, the heatmap and long-tail images,
         router-p histograms, the snippet and a greedy sample. x: (B, T) val tokens, the same at every eval (its
-        first row is the snippet); model: the bare model (not DDP/compiled). Runs on a forked, fixed RNG so
-        random routing neither changes training nor varies between evals."""
+        first row is the snippet); model: the bare model (not DDP/compiled); head_history: every evaluation's
+        per-head global fractions so far (train.py's, kept across resumes), drawn a colour per head. Runs on a
+        forked, fixed RNG so random routing neither changes training nor varies between evals."""
         if not self.writer:
             return
         kinds = model.config.kinds
@@ -372,6 +403,7 @@ class Logger:
         if n_global:
             self.image("val_routing/global_frac_heatmap", heatmap_figure(stats["global_frac"], kinds), step)
             self.image("val_routing/head_usage_sorted", head_usage_figure(stats["global_frac"], kinds), step)
+            self.image("val_routing/head_curves", head_curves_figure(head_history, kinds), step)
         was_training = model.training
         model.eval()
         with torch.no_grad(), torch.random.fork_rng(devices=[x.device] if x.device.type == "cuda" else []):

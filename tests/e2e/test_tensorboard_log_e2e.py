@@ -17,7 +17,8 @@ from data.loader import TokenData
 from helpers import tiny_train_configs
 from nanoaha import tensorboard_log
 from nanoaha.key_tokens import batch_key_labels
-from nanoaha.tensorboard_log import figure_to_array, head_usage_figure, heatmap_figure, snippet_figure
+from nanoaha.tensorboard_log import (figure_to_array, head_curves_figure, head_usage_figure, heatmap_figure,
+                                     snippet_figure)
 
 
 def events(log_dir):
@@ -71,8 +72,8 @@ def test_training_writes_every_view_with_sane_values(tmp_path, tiny_corpus, monk
     first = tensor_util.make_ndarray(hists[0].tensor_proto)
     assert first[25].tolist() == [0.5, 0.52, decisions]  # zero-initialised routers: p = 0.5, in the bin from 0.5
 
-    assert sorted(tags["images"]) == ["val_routing/global_frac_heatmap", "val_routing/head_usage_sorted",
-                                      "val_routing/snippet"]
+    assert sorted(tags["images"]) == ["val_routing/global_frac_heatmap", "val_routing/head_curves",
+                                      "val_routing/head_usage_sorted", "val_routing/snippet"]
     for tag in tags["images"]:
         images = acc.Images(tag)
         assert [i.step for i in images] == eval_steps
@@ -99,6 +100,10 @@ def test_training_writes_every_view_with_sane_values(tmp_path, tiny_corpus, monk
     assert np.array_equal(logged["val_routing/global_frac_heatmap"], figure_to_array(heatmap_figure(frac, mcfg.kinds)))
     assert np.array_equal(logged["val_routing/head_usage_sorted"],
                           figure_to_array(head_usage_figure(frac, mcfg.kinds)))
+    history = [[step, [[acc.Scalars(f"val_routing_heads_layer{layer}/head{h}")[i].value if kind == "routed"
+                        else (1.0 if kind == "dense" else 0.0) for h in range(mcfg.n_head)]
+                       for layer, kind in enumerate(mcfg.kinds)]] for i, step in enumerate(eval_steps)]
+    assert np.array_equal(logged["val_routing/head_curves"], figure_to_array(head_curves_figure(history, mcfg.kinds)))
     snippet = first_window[:tensorboard_log.SNIPPET_TOKENS].tolist()
     pieces, _ = tensorboard_log.token_pieces(snippet, {"encoding": "bytes"})
     n_global = 2 * mcfg.n_head  # two routed layers

@@ -16,6 +16,7 @@ from nanoaha.tensorboard_log import (
     custom_scalars_layout,
     figure_to_array,
     group_head_tags,
+    head_curves_figure,
     head_usage_figure,
     heatmap_figure,
     hparams_experiment,
@@ -95,6 +96,19 @@ def test_heatmap_shows_each_routed_head_and_names_the_other_layers():
     assert pixel(pixels, ax, -0.35, -0.3) == pytest.approx(viridis(0.5)[:3], abs=0.02)
     assert pixel(pixels, ax, 0.65, -0.3) == pytest.approx(viridis(0.2)[:3], abs=0.02)
     assert pixel(pixels, ax, -0.35, 0.7) == pytest.approx((0.867, 0.867, 0.867), abs=0.02)  # grey row
+
+
+def test_head_curves_give_each_head_of_a_routed_layer_its_own_colour():
+    history = [[100, [[0.5, 0.4], [0.0, 0.0], [0.9, 0.1]]], [200, [[0.6, 0.2], [0.0, 0.0], [0.8, 0.0]]]]
+    fig = head_curves_figure(history, ["routed", "local", "routed"])
+    axes = [ax for ax in fig.axes if ax.get_visible()]
+    assert [ax.get_title() for ax in axes] == ["layer 0", "layer 2"]  # routed layers only
+    lines = axes[1].lines
+    assert [list(line.get_xdata()) for line in lines] == [[100, 200]] * 2
+    assert [list(line.get_ydata()) for line in lines] == [[0.9, 0.8], [0.1, 0.0]]
+    assert lines[0].get_color() != lines[1].get_color()
+    assert head_curves_figure(history, ["local", "local", "dense"]) is None
+    assert head_curves_figure([], ["routed", "local", "routed"]) is None
 
 
 def test_head_usage_sorts_every_routed_head():
