@@ -301,7 +301,8 @@ class GPT(nn.Module):
         cache: list of KVCache (generation); positions continue from what the cache has seen.
         routed_mode: the mode routed layers train in at this call (None: config.routed_mode; train.py passes
         'exact' before sparse_from_iter); run_mode says what a call without a gradient runs.
-        router_threshold: gate = p >= this (None: config.router_threshold; evaluation sweeps it)."""
+        router_threshold: gate = p >= this (None: config.router_threshold; evaluation sweeps it), or a list with one
+        per layer (None: the trained one), e.g. inf for one layer to force its routers local."""
         B, T = idx.shape
         start = cache[0].length if cache else 0
         if start + T > self.config.block_size:
@@ -316,7 +317,8 @@ class GPT(nn.Module):
         x = self.drop(x)
         gates, probs = [], []
         for i, block in enumerate(self.blocks):
-            x, hard, p = block(x, cos, sin, mode, router_threshold, force_global, cache[i] if cache else None)
+            threshold = router_threshold[i] if isinstance(router_threshold, (list, tuple)) else router_threshold
+            x, hard, p = block(x, cos, sin, mode, threshold, force_global, cache[i] if cache else None)
             gates.append(hard)
             probs.append(p)
         x = self.ln_f(x)

@@ -23,7 +23,7 @@ from data.loader import TokenData
 from data.synthetic.tasks import UNKNOWN_LABEL
 from data.tokens import read_meta
 from nanoaha.device import autocast_context, pick_device, pick_dtype
-from nanoaha.formatting import fixed, human_bytes, percent
+from nanoaha.formatting import fixed, human_bytes, percent, signed
 from nanoaha.key_tokens import batch_key_labels, check_key_k, resolve_key_k
 from nanoaha.train_config import corpus_dir
 from nanoaha.routing_stats import (kv_cache_bytes, label_counts, mean_stats, precision_recall, ratio, routing_stats,
@@ -247,12 +247,20 @@ def threshold_sweep(model, batches, thresholds, autocast=None, key_labels=None):
 
 def forced_routing(model, batches, key_labels, autocast=None):
     """The losses of a model with learned routers with every routed head forced global, and forced local (a
-    threshold above every router probability): how much the key tokens gain from global attention. Two more
-    passes; None for other models (as the threshold sweep)."""
-    if not has_learned_router(model.config):
+    threshold above every router probability): how much the key tokens gain from global attention; and with
+    one routed layer at a time forced local, the others as trained ('local_layer{i}'): what each layer's global
+    attention buys. Two passes and one per layer with a learned router; None for other models (as the
+    threshold sweep)."""
+    config = model.config
+    if not has_learned_router(config):
         return None
+    ways = [("global", {"force_global": True}), ("local", {"router_threshold": math.inf})]
+    for layer, kind in enumerate(config.kinds):
+        if kind == "routed" and config.routing == "learned":
+            ways.append((f"local_layer{layer}", {"router_threshold": [math.inf if i == layer else None
+                                                                      for i in range(config.n_layer)]}))
     forced = {}
-    for name, how in (("global", {"force_global": True}), ("local", {"router_threshold": math.inf})):
+    for name, how in ways:
         losses, _ = evaluate_losses(model, batches, autocast, key_labels=key_labels, **how)
         forced[name] = {key: losses[key] for key in ("val_loss", "key_loss", "other_loss")}
     return forced
@@ -429,9 +437,16 @@ def format_result(result, dtype="float32"):
         f"perplexity {r['perplexity']:.3f}"
     lines = [f"val loss {r['val_loss']:.4f} | {score} | {r['eval_tokens']:,} tokens", key_token_line(r)]
     if r["forced_routing"]:
+        every = {name: f for name, f in r["forced_routing"].items() if name in ("global", "local")}
         lines.append("forced " + " | forced ".join(f"{name}: val loss {fixed(f['val_loss'])}, key "
                                                    f"{fixed(f['key_loss'])}, other {fixed(f['other_loss'])}"
-                                                   for name, f in r["forced_routing"].items()))
+                                                   for name, f in every.items()))
+        layers = [(int(name[len("local_layer"):]), f) for name, f in r["forced_routing"].items()
+                  if name.startswith("local_layer")]
+        if layers:
+            lines.append("one layer's routers forced local, loss minus trained (what its global attention buys): " +
+                         " | ".join(f"layer {i}: val {signed(f['val_loss'] - r['val_loss'])}, key "
+                                    f"{signed(f['key_loss'] - r['key_loss'])}" for i, f in layers))
     if r["global_frac"] is not None:
         layers = ", ".join(f"{i} {percent(f)}" for i, f in enumerate(r["global_frac_per_layer"]) if f is not None)
         lines.append(f"global {percent(r['global_frac'])} of the routed decisions (per layer: {layers})")
@@ -481,9 +496,11 @@ def sweep_table(rows):
 
 def forced_table(forced):
     """forced_routing's losses as a markdown table."""
-    lines = ["| every routed head | val loss | key / other loss |", "|---|---|---|"]
+    lines = ["| forced | val loss | key / other loss |", "|---|---|---|"]
     for name, f in forced.items():
-        lines.append(f"| {name} | {fixed(f['val_loss'])} | {fixed(f['key_loss'])} / {fixed(f['other_loss'])} |")
+        what = f"layer {name[len('local_layer'):]}'s routers local" if name.startswith("local_layer") else \
+            f"every routed head {name}"
+        lines.append(f"| {what} | {fixed(f['val_loss'])} | {fixed(f['key_loss'])} / {fixed(f['other_loss'])} |")
     return "\n".join(lines)
 
 
@@ -505,6 +522,7 @@ def markdown_table(results, dtype="float32"):
             lines += ["", f"Threshold sweep of {r['run']} (trained at {r['model_config']['router_threshold']:g}):",
                       "", sweep_table(r["threshold_sweep"])]
         if r["forced_routing"]:
-            lines += ["", f"{r['run']} with every routed head forced global or local:", "",
+            lines += ["", f"{r['run']} with every routed head forced global or local, and one layer's routers at a "
+                      "time forced local:", "",
                       forced_table(r["forced_routing"])]
     return "\n".join(lines) + "\n"

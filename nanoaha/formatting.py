@@ -18,6 +18,11 @@ def fixed(value, digits=4, missing="-"):
     return missing if value is None or math.isnan(value) else f"{value:.{digits}f}"
 
 
+def signed(value, digits=3, missing="-"):
+    """A loss difference with its sign: 0.0123 -> '+0.012'; None or nan -> missing."""
+    return missing if value is None or math.isnan(value) else f"{value:+.{digits}f}"
+
+
 def human_bytes(n):
     """1536 -> '1.5 KiB': whole bytes below 1 KiB, else KiB, MiB or GiB with one decimal."""
     for unit in ("B", "KiB", "MiB", "GiB"):

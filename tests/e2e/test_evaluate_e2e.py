@@ -171,6 +171,14 @@ def test_key_and_other_loss_split_the_val_loss_on_the_same_windows(runs):
                                                          rel=1e-6)
     assert forced["local"]["val_loss"] == pytest.approx(forced_local_loss(runs.routed, batches), rel=1e-5)
     assert forced["global"]["key_loss"] != forced["local"]["key_loss"]
+    # one layer's routers forced local, the other's as trained: the model with that layer turned local
+    assert sorted(forced) == ["global", "local", "local_layer0", "local_layer1"]
+    for layer, schedule in ((0, "LR"), (1, "RL")):
+        ckpt = load_checkpoint(runs.routed, "cpu")
+        one_local = GPT(GPTConfig(**{**ckpt["model_config"], "schedule": schedule}))
+        one_local.load_state_dict({k: v for k, v in ckpt["model"].items() if f"blocks.{layer}.attn.router." not in k})
+        loss = evaluate_loss(one_local, batches)[0]
+        assert forced[f"local_layer{layer}"]["val_loss"] == pytest.approx(loss, rel=1e-5)
 
 
 def test_command_line_writes_json_and_the_markdown_table(runs, tmp_path, capsys):
@@ -188,7 +196,7 @@ def test_command_line_writes_json_and_the_markdown_table(runs, tmp_path, capsys)
     assert [row.split(" | ")[0:2] for row in rows] == [["| random", "RR"], ["| routed", "RR"]]
     assert f"{written['val_loss']:.4f}" in rows[1] and f"bpb {written['bits_per_byte']:.4f}" in rows[1]
     assert f"| {written['key_loss']:.4f} / {written['other_loss']:.4f} (" in rows[1]
-    assert "| local | " in table and settings["key_k"] == 2
+    assert "| every routed head local | " in table and "| layer 1's routers local | " in table and settings["key_k"] == 2
     assert "Threshold sweep of routed" in table and "Threshold sweep of random" not in table
     printed = capsys.readouterr().out
     assert table in printed and f"val loss {written['val_loss']:.4f}" in printed
