@@ -35,7 +35,7 @@ from nanoaha.grid.kept import keep_runs, restore_runs
 from nanoaha.grid.lock import GridLock
 from nanoaha.grid.plan import describe, launches, plan, train_state, window_groups
 from nanoaha.grid.tables import (comparison_curves_table, has_key_losses, history_differences, load_rows,
-                                 record_table, rows_of, save_rows, summary_record_table)
+                                 per_layer_table, record_table, rows_of, save_rows, summary_record_table)
 
 
 @dataclass
@@ -133,6 +133,17 @@ def along_training(record, grid, jobs, rows):
             table, "![loss differences along training, same seed](comparison_curves.png)", ""]
 
 
+def per_layer_lines(rows):
+    """The README's per-layer routing section (tables.per_layer_table); [] where no run has it."""
+    table = per_layer_table(rows)
+    return ["## Per layer", "",
+            "Where each routed run spends global attention and what it buys, per layer (evaluate.py's, means over "
+            "the seeds): the global fraction; of the key tokens, those any head of the layer sent global (recall) "
+            "and of what it sent, the key tokens (precision; picked at random it would be the key share); and "
+            "the loss with only that layer's routers forced local, minus the trained loss.", "",
+            table] if table else []
+
+
 def write_record(grid, jobs, rows, table, cfg, argv, started, elapsed):
     """RECORD_DIR/<date>_<grid>/ with README.md, table.md, the grid file and the plots; returns its path."""
     record = new_record_dir(cfg.record_dir, grid.name)
@@ -167,7 +178,7 @@ def write_record(grid, jobs, rows, table, cfg, argv, started, elapsed):
              f"in `{os.path.join(cfg.out, grid.name)}/RUN__seed_S/` (train.log, TensorBoard events under tb/, "
              f"ckpt.pt, train_summary.json, eval.json).", "",
              "## Budget", "", *budget_lines(grid, jobs, cfg, started, elapsed), "",
-             "## Results", "", "[table.md](table.md):", "", table, "",
+             "## Results", "", "[table.md](table.md):", "", table, "", *per_layer_lines(rows),
              *along, "## Plots", "",
              "![val loss against attention FLOPs](pareto.png)", "",
              *(["![key-token loss against attention FLOPs](pareto_key_tokens.png)", ""] if has_key_losses(rows)

@@ -430,6 +430,11 @@ def evaluate_checkpoint(path, data_dir="", thresholds=DEFAULT_THRESHOLDS, contex
     return json_ready(result)
 
 
+def minus(a, b):
+    """a - b; None where either is missing (a loss over no targets)."""
+    return None if a is None or b is None else a - b
+
+
 def format_result(result, dtype="float32"):
     """The printed summary of one evaluate_checkpoint result (its threshold sweep is in markdown_table)."""
     r = result
@@ -445,8 +450,8 @@ def format_result(result, dtype="float32"):
                   if name.startswith("local_layer")]
         if layers:
             lines.append("one layer's routers forced local, loss minus trained (what its global attention buys): " +
-                         " | ".join(f"layer {i}: val {signed(f['val_loss'] - r['val_loss'])}, key "
-                                    f"{signed(f['key_loss'] - r['key_loss'])}" for i, f in layers))
+                         " | ".join(f"layer {i}: val {signed(minus(f['val_loss'], r['val_loss']))}, key "
+                                    f"{signed(minus(f['key_loss'], r['key_loss']))}" for i, f in layers))
     if r["global_frac"] is not None:
         layers = ", ".join(f"{i} {percent(f)}" for i, f in enumerate(r["global_frac_per_layer"]) if f is not None)
         lines.append(f"global {percent(r['global_frac'])} of the routed decisions (per layer: {layers})")

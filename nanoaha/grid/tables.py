@@ -7,7 +7,7 @@ import math
 import os
 
 from nanoaha.atomic_files import write_json
-from nanoaha.formatting import human_bytes, percent
+from nanoaha.formatting import human_bytes, percent, signed
 from nanoaha.grid.gridfile import GridError
 from nanoaha.grid.plan import grid_evaluation, launches, read_json
 
@@ -34,7 +34,27 @@ def collect(job, status=None):
         "wall_s": sum(train_wall) if train_wall else summary.get("wall_s"),
         "val_history": summary.get("val_history") or [],
         "key_history": summary.get("key_history") or [],
+        "per_layer_routing": per_layer_routing(result),
     }
+
+
+def per_layer_routing(result):
+    """Per routed layer with learned routers, from an evaluation: [{'layer', 'global_frac', 'key_recall',
+    'key_precision', 'forced_local_val', 'forced_local_key'}] (the last two: the loss with only that layer's
+    routers forced local, minus the trained loss); [] for evaluations without them (before 2026-12-03)."""
+    forced = result.get("forced_routing") or {}
+    layers = {row["layer"]: row for row in result.get("key_routing") or [] if row["head"] == "any"}
+    found = []
+    for layer, row in sorted(layers.items()):
+        local = forced.get(f"local_layer{layer}")
+        if local is None:
+            continue
+        def minus(key):
+            return None if local[key] is None or result.get(key) is None else local[key] - result[key]
+        found.append({"layer": layer, "global_frac": row["global_frac"], "key_recall": row["recall"],
+                      "key_precision": row["precision"], "forced_local_val": minus("val_loss"),
+                      "forced_local_key": minus("key_loss")})
+    return found
 
 
 def spread(values):
@@ -371,6 +391,30 @@ def comparison_curves_table(rows, comparisons, tokens_per_step):
     if len(metrics) == 2:
         head += " key tokens: below 0 from | key tokens: last |"
     return "\n".join([head, "|---|---|" + "---|" * 2 * len(metrics), *lines]) + "\n"
+
+
+def per_layer_table(rows):
+    """Per routed run and layer, means over its seeds: the global fraction, the key tokens the layer sends global
+    (recall: of the key tokens, those any head of the layer sent global) and the precision of what it sends,
+    and what its global attention buys (the loss with only its routers forced local, minus the trained loss, on
+    all and on key tokens). '' where no run has these numbers."""
+    lines = []
+    for row in rows:
+        per_seed = [r.get("per_layer_routing") or [] for r in row.results if r["complete"]]
+        per_seed = [layers for layers in per_seed if layers]
+        if not per_seed:
+            continue
+        for i, first in enumerate(per_seed[0]):
+            def mean(key):
+                values = [layers[i][key] for layers in per_seed if i < len(layers) and layers[i][key] is not None]
+                return sum(values) / len(values) if values else None
+            lines.append(f"| {row.run} | {first['layer']} | {percent(mean('global_frac'))} | "
+                         f"{percent(mean('key_recall'))} / {percent(mean('key_precision'))} | "
+                         f"{signed(mean('forced_local_val'))} | {signed(mean('forced_local_key'))} |")
+    if not lines:
+        return ""
+    return "\n".join(["| run | layer | global | key tokens: recall / precision | layer forced local: val loss | "
+                      "... key-token loss |", "|---|---|---|---|---|---|", *lines]) + "\n"
 
 
 def record_table(rows, references, comparisons):

@@ -45,6 +45,7 @@ def test_grid_runs_skips_what_is_complete_resumes_what_is_not_and_writes_the_rec
     assert "A test grid: does the runner work?" in readme and "python compare.py " + path in readme
     assert "step 6: val loss" in readme  # the final log lines
     assert "comparison_curves.png" in files and "| routed vs local | routed - local | " in readme  # along training
+    assert "## Per layer" in readme and "| routed | 1 | " in readme  # where routed spends global attention
     assert "this invocation: 5 processes" in readme  # local and routed: train, evaluate; broken: train
 
     logs = {run: os.path.getmtime(os.path.join(jobs[run].out_dir, "train.log")) for run in ("local", "routed")}
