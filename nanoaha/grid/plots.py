@@ -186,6 +186,12 @@ def heatmap(path, run, per_head, layers):
     return _save(fig, path)
 
 
+def _log_steps(ax, steps):
+    """A log step axis where the evaluations span more than a decade (learning curves: early steps matter)."""
+    if steps and min(steps) > 0 and max(steps) / min(steps) > 10:
+        ax.set_xscale("log")
+
+
 def comparison_curves(path, panels):
     """Same-seed loss differences along training, one panel per loss (all tokens, key tokens): panels is
     [(title, [(label, {seed: [[step, difference], ...]}), ...]), ...]; a colour per comparison, a line style per
@@ -200,6 +206,7 @@ def comparison_curves(path, panels):
                 ax.plot(steps, diffs, lw=1, color=_color(i), ls=styles[j % len(styles)],
                         label=f"{label}, seed {seed}")
         ax.axhline(0.0, color="black", lw=0.8)
+        _log_steps(ax, [step for _, by_seed in curves for points in by_seed.values() for step, _ in points])
         ax.set_xlabel("step")
         ax.set_ylabel("loss difference, same seed")
         ax.set_title(title, fontsize=10)
@@ -217,6 +224,7 @@ def val_curves(path, curves, ylabel="val loss (train.py's eval)"):
         if history:
             steps, losses = zip(*sorted(history))
             ax.plot(steps, losses, lw=1, color=_color(i), label=label)
+    _log_steps(ax, [point[0] for _, history in curves for point in history if point[0] > 0])
     ax.set_xlabel("step")
     ax.set_ylabel(ylabel)
     ax.set_title(f"{ylabel.split(' (')[0]} during training (first seed)", fontsize=10)
