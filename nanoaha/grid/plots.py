@@ -6,7 +6,7 @@ import math
 
 import matplotlib
 from matplotlib.figure import Figure
-from matplotlib.ticker import PercentFormatter
+from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator, PercentFormatter
 
 from nanoaha.formatting import percent
 from nanoaha.grid.tables import paired_by_seed, spread
@@ -190,6 +190,14 @@ def _log_steps(ax, steps):
     """A log step axis where the evaluations span more than a decade (learning curves: early steps matter)."""
     if steps and min(steps) > 0 and max(steps) / min(steps) > 10:
         ax.set_xscale("log")
+        # plain step numbers at 1-2-5 steps: matplotlib's default labels minor ticks as 3x10^2 ..., which collide
+        low, high = min(steps), max(steps)
+        ticks = [m * 10 ** e for e in range(int(math.log10(low)), int(math.log10(high)) + 1) for m in (1, 2, 5)
+                 if low <= m * 10 ** e <= high]
+        ax.xaxis.set_major_locator(FixedLocator(ticks))
+        ax.xaxis.set_major_formatter(lambda x, _: f"{x:,.0f}")
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.xaxis.set_minor_formatter(NullFormatter())
 
 
 def comparison_curves(path, panels):

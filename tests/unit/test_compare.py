@@ -498,6 +498,12 @@ def test_comparisons_along_training_find_where_a_run_stays_ahead_at_every_seed(t
     (ax,) = fig.axes
     assert len(ax.lines) == 3 and list(ax.lines[1].get_xdata()) == [100, 200, 300, 400]  # 2 seeds + the zero line
     assert (tmp_path / "c.png").stat().st_size > 1000
+    # evaluations over more than a decade: a log step axis labelled at 1-2-5 steps in plain numbers
+    wide = {1: [[s, -0.01] for s in (250, 500, 1000, 2000, 4000, 7325)]}
+    (ax,) = plots.comparison_curves(tmp_path / "w.png", [("all tokens", [("dense - local", wide)])]).axes
+    assert ax.get_xscale() == "log"
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["500", "1,000", "2,000", "5,000"]
+    assert ax.xaxis.get_minor_locator().tick_values(250, 7325) == []
 
 
 def test_the_per_layer_table_says_where_routing_spends_global_attention_and_what_it_buys():
