@@ -1,10 +1,10 @@
-"""Where does long context start to pay on stdlib bytes (T = 1024, w = 32)? Learning curves of local, dense,
-LG and routed attention to 30M tokens a run, two seeds, on all tokens and on key tokens (targets a copy could
+"""Where does long context start to pay on stdlib bytes (T = 1024, w = 32)? Learning curves of local and dense
+attention to 30M tokens a run, two seeds, on all tokens and on key tokens (targets a copy could
 predict only from beyond the window; docs/evaluation.md): train.py evaluates every 250 steps (val_history and
 key_history in each run's train_summary.json; the record's val_curves.png and key_curves.png), the grid's
 evaluation scores the end. Questions: at what budget does dense's key-token loss pull clearly ahead of local's
-(same seed), and where does its all-token loss cross? Does learned routing follow dense there, and at what
-global fraction?
+(same seed), and where does its all-token loss cross? (Whether learned routing follows dense there: grid
+stdlib_live.)
 
 The shape, 2 layers x 256 wide (4 heads of 64), is the one of the shape ladder (grid stdlib_shape_ladder,
 record results/2026-12-02_stdlib_shape_ladder) that closed dense's key-token gap to local soonest (one seed):
@@ -21,13 +21,11 @@ higher learning rate than a run that stops there would.
     python data/python_stdlib/prepare.py
     python compare.py configs/grids/stdlib_curves.py
 
-Budget: 8 trainings of 7325 steps x 4 x 1024 tokens (30.0M tokens each); one thread per run in bf16 on the
-2-core CPU, two at a time: the ladder's 2 x 256 runs trained at 6,000 (dense) and 9,500 (local) tokens/s each,
-so about 1.4 h (dense), 1.7 h (routed), 1.1 h (LG) and 0.9 h (local) per seed, 10 process-hours in all, more
-than one 3-hour session of this CPU holds. The grid grows by session: local and dense at both seeds first
-(the question the rest depends on), then LG and routed; runs completed in an earlier session come back from
-that session's record (docs/grids.md, "A grid over several sessions"). Resumable within a session: the
-runner continues each run from its last checkpoint (every evaluation).
+Budget: 4 trainings of 7325 steps x 4 x 1024 tokens (30.0M tokens each); one thread per run in bf16 on the
+2-core CPU, two at a time: 30 (local) and 43 (dense) minutes a run (record results/2026-12-03_stdlib_curves).
+LG's and routed's curves, planned here at first, come from the grid stdlib_live (to 20M tokens, where its
+comparison is run), whose runs evaluate at the same steps. Resumable within a session: the runner continues
+each run from its last checkpoint (every evaluation).
 """
 base = ["configs/quickstart.py"]
 common = {"n_layer": 2, "n_embd": 256, "max_iters": 7325, "warmup_iters": 100, "eval_interval": 250, "eval_iters": 20, "log_interval": 50,
@@ -36,10 +34,9 @@ seeds = [1, 2]
 runs = {
     "local": {"schedule": "L"},
     "dense": {"schedule": "G"},
-    # next session: "LG": {"schedule": "LG"}, "routed": {"schedule": "R", "router_lambda": 0.01},
+    # LG's and routed's curves (to 20M tokens) are in grid stdlib_live, whose runs evaluate at the same steps
 }
 comparisons = {
     "dense vs local": ("dense", "local"),
-    # "LG vs local": ("LG", "local"), "routed vs local": ("routed", "local"), "routed vs dense": ("routed", "dense"),
 }
 evaluate = {"eval_tokens": 65536}
