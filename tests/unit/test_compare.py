@@ -530,3 +530,15 @@ def test_the_per_layer_table_says_where_routing_spends_global_attention_and_what
     assert [c.strip() for c in lines[2].strip("|").split("|")] == ["routed", "0", "30.0%", "60.0% / 30.0%",
                                                                     "+0.010", "+0.030"]
     assert per_layer_table(rows[1:]) == ""
+
+
+@pytest.mark.parametrize("path", sorted(p for p in os.listdir(os.path.join(ROOT, "configs", "grids"))
+                                        if p.endswith(".py") and not p.startswith("_")))  # _*: shared rows
+def test_every_shipped_grid_file_loads_and_plans(path, tmp_path):
+    """A grid file that a record or the docs name must still load against today's config keys and plan every
+    run (train.py's flags, a run: reference that exists, the evaluation's settings)."""
+    grid = load_grid(os.path.join(ROOT, "configs", "grids", path))
+    jobs = plan(grid, str(tmp_path))
+    assert jobs and {job.run for job in jobs} == set(grid.runs)
+    for question, (run, other) in grid.comparisons.items():
+        assert run in grid.runs and other in grid.runs, question
