@@ -129,7 +129,7 @@ def head_curves_figure(head_history, kinds):
         return None
     steps = [step for step, _ in head_history]
     frac = np.array([fractions for _, fractions in head_history], dtype=float)  # (evals, L, H)
-    columns = min(4, len(routed))
+    columns = min(2, len(routed))  # near-square: TensorBoard shrinks every image to one card's width
     rows = math.ceil(len(routed) / columns)
     fig = Figure(figsize=(1.0 + 3.0 * columns, 0.6 + 2.3 * rows), dpi=100)
     axes = fig.subplots(rows, columns, squeeze=False).flatten()
