@@ -11,7 +11,7 @@ import torch
 # file, before it imports any test module. (tests/e2e/test_triton_compile.py runs the compiler in a subprocess
 # without it.)
 if not torch.cuda.is_available():
-    assert "kernels.triton_common" not in sys.modules, "Triton kernels were imported before TRITON_INTERPRET=1"
+    assert "nanoaha.kernels.triton_common" not in sys.modules, "Triton kernels were imported before TRITON_INTERPRET=1"
     os.environ["TRITON_INTERPRET"] = "1"
 
 from data.tokens import write_meta, write_tokens  # noqa: E402

@@ -12,7 +12,7 @@ import re
 import pytest
 
 from helpers import ROOT, run_script
-from kernels.triton_common import HEAD_DIMS as TRITON_HEAD_DIMS
+from nanoaha.kernels.triton_common import HEAD_DIMS as TRITON_HEAD_DIMS
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +27,7 @@ def bf16_sm90():
 
 def test_every_kernel_compiles_for_every_head_dim(bf16_sm90):
     defined = set()
-    for path in glob.glob(os.path.join(ROOT, "kernels", "triton_*.py")):
+    for path in glob.glob(os.path.join(ROOT, "nanoaha", "kernels", "triton_*.py")):
         defined |= set(re.findall(r"@triton\.jit\ndef (_\w+_kernel)\(", open(path).read()))
     compiled = {(r["kernel"], r["head_dim"]) for r in bf16_sm90["kernels"]}
     assert len(defined) >= 7

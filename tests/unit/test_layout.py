@@ -63,7 +63,7 @@ def test_the_graph_sees_a_cycle_and_an_import_of_a_script():
 
 def test_no_import_cycle_and_no_module_imports_a_script():
     modules = project_modules()
-    assert {"model", "train", "nanoaha.training", "nanoaha.grid.runner", "kernels.attention"} <= set(modules)
+    assert {"model", "train", "nanoaha.training", "nanoaha.grid.runner", "nanoaha.kernels.attention"} <= set(modules)
     graph = import_graph(modules)
     assert cycles(graph) == set()
     assert {name: deps & SCRIPTS for name, deps in graph.items() if deps & SCRIPTS} == {}
@@ -86,3 +86,15 @@ def test_nothing_points_outside_the_repository():
                     if "../shared" in f.read() and os.path.relpath(path, ROOT) != "tests/unit/test_layout.py":
                         hits.append(os.path.relpath(path, ROOT))
     assert hits == []
+
+
+def test_no_root_module_shadows_an_installed_package():
+    """The root is first on sys.path for every script, so a root folder or file named like an installed package
+    hides it from its users: a root kernels/ broke `import transformers` (>= 5), which imports the `kernels`
+    distribution. Checked against what this environment installed from requirements.txt."""
+    import importlib.metadata
+    installed = importlib.metadata.packages_distributions()
+    root_names = {n[:-3] if n.endswith(".py") else n for n in os.listdir(ROOT)
+                  if n.endswith(".py") or os.path.isfile(os.path.join(ROOT, n, "__init__.py"))}
+    assert "nanoaha" in root_names
+    assert {name: installed[name] for name in root_names if name in installed} == {}
