@@ -138,7 +138,8 @@ def per_layer_lines(rows):
     table = per_layer_table(rows)
     return ["## Per layer", "",
             "Where each routed run spends global attention and what it buys, per layer (evaluate.py's, means over "
-            "the seeds): the global fraction; of the key tokens, those any head of the layer sent global (recall) "
+            "the seeds): the global fraction of the layer's head decisions and of its tokens (a token any head sent "
+            "global counts); of the key tokens, those any head of the layer sent global (recall) "
             "and of what it sent, the key tokens (precision; picked at random it would be the key share); and "
             "the loss with only that layer's routers forced local, minus the trained loss.", "",
             table] if table else []

@@ -39,11 +39,17 @@ def collect(job, status=None):
 
 
 def per_layer_routing(result):
-    """Per routed layer with learned routers, from an evaluation: [{'layer', 'global_frac', 'key_recall',
-    'key_precision', 'forced_local_val', 'forced_local_key'}] (the last two: the loss with only that layer's
-    routers forced local, minus the trained loss); [] for evaluations without them (before 2026-12-03)."""
+    """Per routed layer with learned routers, from an evaluation: [{'layer', 'decisions_global_frac',
+    'global_frac', 'key_recall', 'key_precision', 'forced_local_val', 'forced_local_key'}]: the mean over the
+    layer's heads of their global fractions, the fraction of tokens any head sent global, and the loss with only
+    that layer's routers forced local, minus the trained loss; [] for evaluations without them (before
+    2026-12-03)."""
     forced = result.get("forced_routing") or {}
     layers = {row["layer"]: row for row in result.get("key_routing") or [] if row["head"] == "any"}
+    heads = {}
+    for row in result.get("key_routing") or []:
+        if row["head"] != "any" and row["global_frac"] is not None:
+            heads.setdefault(row["layer"], []).append(row["global_frac"])
     found = []
     for layer, row in sorted(layers.items()):
         local = forced.get(f"local_layer{layer}")
@@ -51,7 +57,9 @@ def per_layer_routing(result):
             continue
         def minus(key):
             return None if local[key] is None or result.get(key) is None else local[key] - result[key]
-        found.append({"layer": layer, "global_frac": row["global_frac"], "key_recall": row["recall"],
+        fracs = heads.get(layer)
+        found.append({"layer": layer, "decisions_global_frac": sum(fracs) / len(fracs) if fracs else None,
+                      "global_frac": row["global_frac"], "key_recall": row["recall"],
                       "key_precision": row["precision"], "forced_local_val": minus("val_loss"),
                       "forced_local_key": minus("key_loss")})
     return found
@@ -394,8 +402,9 @@ def comparison_curves_table(rows, comparisons, tokens_per_step):
 
 
 def per_layer_table(rows):
-    """Per routed run and layer, means over its seeds: the global fraction, the key tokens the layer sends global
-    (recall: of the key tokens, those any head of the layer sent global) and the precision of what it sends,
+    """Per routed run and layer, means over its seeds: the global fraction of its heads' decisions and of its
+    tokens (any head global), the key tokens the layer sends global (recall: of the key tokens, those any head
+    of the layer sent global) and the precision of what it sends,
     and what its global attention buys (the loss with only its routers forced local, minus the trained loss, on
     all and on key tokens). '' where no run has these numbers."""
     lines = []
@@ -406,15 +415,17 @@ def per_layer_table(rows):
             continue
         for i, first in enumerate(per_seed[0]):
             def mean(key):
-                values = [layers[i][key] for layers in per_seed if i < len(layers) and layers[i][key] is not None]
+                values = [layers[i].get(key) for layers in per_seed if i < len(layers)]
+                values = [v for v in values if v is not None]
                 return sum(values) / len(values) if values else None
-            lines.append(f"| {row.run} | {first['layer']} | {percent(mean('global_frac'))} | "
+            lines.append(f"| {row.run} | {first['layer']} | {percent(mean('decisions_global_frac'))} / "
+                         f"{percent(mean('global_frac'))} | "
                          f"{percent(mean('key_recall'))} / {percent(mean('key_precision'))} | "
                          f"{signed(mean('forced_local_val'))} | {signed(mean('forced_local_key'))} |")
     if not lines:
         return ""
-    return "\n".join(["| run | layer | global | key tokens: recall / precision | layer forced local: val loss | "
-                      "... key-token loss |", "|---|---|---|---|---|---|", *lines]) + "\n"
+    return "\n".join(["| run | layer | global: head decisions / tokens | key tokens: recall / precision | "
+                      "layer forced local: val loss | ... key-token loss |", "|---|---|---|---|---|---|", *lines]) + "\n"
 
 
 def record_table(rows, references, comparisons):

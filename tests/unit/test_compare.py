@@ -516,18 +516,20 @@ def test_the_per_layer_table_says_where_routing_spends_global_attention_and_what
                                      "local_layer1": {"val_loss": 2.0, "key_loss": 1.5, "other_loss": 2.1}},
                   "key_routing": [{"layer": 0, "head": "any", "global_frac": 0.4, "precision": 0.3, "recall": 0.6},
                                   {"layer": 0, "head": 0, "global_frac": 0.2, "precision": 0.1, "recall": 0.1},
+                                  {"layer": 0, "head": 1, "global_frac": 0.3, "precision": 0.1, "recall": 0.1},
                                   {"layer": 1, "head": "any", "global_frac": 0.1, "precision": 0.2, "recall": 0.2}]}
     layers = per_layer_routing(evaluation)
     assert [(x["layer"], x["global_frac"], x["key_recall"]) for x in layers] == [(0, 0.4, 0.6), (1, 0.1, 0.2)]
+    assert layers[0]["decisions_global_frac"] == pytest.approx(0.25) and layers[1]["decisions_global_frac"] is None
     assert layers[0]["forced_local_val"] == pytest.approx(0.01) and layers[0]["forced_local_key"] == pytest.approx(0.02)
     assert per_layer_routing({"val_loss": 2.0}) == []  # evaluations before per-layer forcing
-    second = [{**layers[0], "global_frac": 0.2, "forced_local_key": 0.04}, layers[1]]
+    second = [{**layers[0], "global_frac": 0.2, "decisions_global_frac": 0.15, "forced_local_key": 0.04}, layers[1]]
     rows = [Row("routed", "routed", "RR", [1, 2], [result(1, 2.0, per_layer_routing=layers),
                                                    result(2, 2.0, per_layer_routing=second)]),
             Row("local", "fixed", "LL", [1, 2], [result(1, 2.0), result(2, 2.0)])]
     lines = per_layer_table(rows).splitlines()
     assert len(lines) == 4
-    assert [c.strip() for c in lines[2].strip("|").split("|")] == ["routed", "0", "30.0%", "60.0% / 30.0%",
+    assert [c.strip() for c in lines[2].strip("|").split("|")] == ["routed", "0", "20.0% / 30.0%", "60.0% / 30.0%",
                                                                     "+0.010", "+0.030"]
     assert per_layer_table(rows[1:]) == ""
 
