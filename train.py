@@ -371,10 +371,12 @@ def skip_step(run, bad_loss):
 
 def update_controller(run, out, force_global):
     """Budget-targeted lambda: each routed layer's global fraction of the step (mean over ranks) moves it. A
-    forced-global step says nothing about the routers' choice, and before router_lambda_start there is none."""
+    forced-global step says nothing about the routers' choice, and before router_lambda_start there is none.
+    The fraction is the routers' own (p >= threshold): router_explore's extra global decisions are training's
+    only, so counting them would leave the trained model below its target by the explored share."""
     if run.controller is None or force_global or run.iter_num < run.tcfg.router_lambda_start:
         return
-    fracs = torch.stack([g.float().mean() for g, p in zip(out.gates, out.probs) if p is not None])
+    fracs = torch.stack([(p >= run.mcfg.router_threshold).float().mean() for p in out.probs if p is not None])
     if run.ddp:
         dist.all_reduce(fracs)
         fracs = fracs / run.world

@@ -81,6 +81,20 @@ def test_lambda_controller_raises_lambda_above_the_target_and_lowers_it_below_ze
     torch.testing.assert_close(per_layer.weights(3)[:2], torch.tensor([1.0, -1.0]))  # +- router_lambda_max
 
 
+def test_the_controller_counts_the_routers_decisions_not_the_explored_ones():
+    """router_explore's extra global decisions are training's only: the controller sees p >= threshold."""
+    from types import SimpleNamespace
+    tcfg, mcfg = parse_args(["--router_target_global=0.5", "--router_lambda=0.01", "--router_target_rate=0.5",
+                             "--router_explore=0.5"], TrainConfig, GPTConfig)
+    run = SimpleNamespace(controller=LambdaController(tcfg, 1), tcfg=tcfg, mcfg=mcfg, iter_num=10, ddp=False)
+    p = torch.tensor([[[0.9, 0.9, 0.1, 0.1]]])  # the routers' own decisions: half global, on the target
+    explored = torch.ones_like(p)  # what the step ran: every decision global after exploration
+    train.update_controller(run, SimpleNamespace(gates=[explored], probs=[p]), force_global=False)
+    torch.testing.assert_close(run.controller.weights(1), torch.full((1,), 0.01))  # on target: unchanged
+    train.update_controller(run, SimpleNamespace(gates=[explored], probs=[p * 0 + 0.9]), force_global=False)
+    assert run.controller.weights(1)[0] > 0.01  # all global by its own choice: lambda rises
+
+
 def test_budget_targeted_training_adapts_lambda_and_writes_the_summary(tmp_path, tiny_corpus, capsys):
     """Routers start all global (bias 3): lambda grows, up to router_lambda_max, while the layers stay above
     the target; the summary file says so."""
