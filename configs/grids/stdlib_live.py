@@ -17,8 +17,10 @@ Budget: about 20 (local), 30 (dense, LG) and 35-40 (routed) minutes a run with t
 2-core CPU; the whole plan (below) is about 16 process-hours (8 hours of this CPU, three sessions), so it grows
 by session, each session's record keeping its finished runs (docs/grids.md, "A grid over several sessions") and
 the next continuing from it with --from_record. Rows and seeds still to run are commented out; the order is the
-one the claims need: the core rows at seed 1, then seeds 2 and 3 of the core rows, then random routing and
-fine-tuning, then GL and the window ladder.
+one the claims need: the core rows at seed 1 (done: results/2026-12-04_stdlib_live, where LG led everything by
+0.22 and learned routing tied dense at a quarter of its attention), then seeds 2 and 3 of the core rows, GL and
+LR (is LG's lead its local first layer, and does a router find it there?), then random routing and fine-tuning,
+then the window ladder.
 """
 base = ["configs/quickstart.py"]
 _MAX_ITERS = 5000
@@ -34,12 +36,13 @@ runs = {
     "routed": {"schedule": "R", "router_lambda": 0.01, "seeds": _core},
     "routed_at_LG": {"schedule": "R", "router_target_global": 0.5, "seeds": _core},
     # next sessions, at seeds [1, 2]:
+    # "GL": {"schedule": "GL"},
+    # "LR": {"schedule": "LR", "router_lambda": 0.01},
     # "random_matched": {"schedule": "R", "routing": "random", "random_global_q": "matched:routed"},
     # "dense_half": {"schedule": "G", "max_iters": _half},
     # "finetuned": {"schedule": "R", "init_from": "run:dense_half", "max_iters": _half},
     # "finetuned_routers": {"schedule": "R", "init_from": "run:dense_half", "max_iters": _half,
     #                       "trainable": "router"},
-    # "GL": {"schedule": "GL"},
     # "local_w8": {"schedule": "L", "window": 8},
     # "local_w16": {"schedule": "L", "window": 16},
     # "local_w64": {"schedule": "L", "window": 64},
@@ -55,5 +58,7 @@ comparisons = {
     # "fine-tuned vs from scratch, equal tokens": ("finetuned", "routed"),
     # "only the routers trained vs their dense start": ("finetuned_routers", "dense_half"),
     # "dense vs local at w = 128": ("dense", "local_w128"),
+    # "local first layer: LG vs GL": ("LG", "GL"),
+    # "routing the second layer only vs LG": ("LR", "LG"),
 }
 evaluate = {"eval_tokens": 65536}
