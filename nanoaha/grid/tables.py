@@ -40,16 +40,13 @@ def collect(job, status=None):
 
 def per_layer_routing(result):
     """Per routed layer with learned routers, from an evaluation: [{'layer', 'decisions_global_frac',
-    'global_frac', 'key_recall', 'key_precision', 'forced_local_val', 'forced_local_key'}]: the mean over the
-    layer's heads of their global fractions, the fraction of tokens any head sent global, and the loss with only
-    that layer's routers forced local, minus the trained loss; [] for evaluations without them (before
-    2026-12-03)."""
+    'global_frac', 'key_recall', 'key_precision', 'forced_local_val', 'forced_local_key'}]: the global fraction
+    of the layer's head decisions (the evaluation's global_frac_per_layer), the fraction of tokens any head sent
+    global, and the loss with only that layer's routers forced local, minus the trained loss; [] for evaluations
+    without them (before 2026-12-03)."""
     forced = result.get("forced_routing") or {}
     layers = {row["layer"]: row for row in result.get("key_routing") or [] if row["head"] == "any"}
-    heads = {}
-    for row in result.get("key_routing") or []:
-        if row["head"] != "any" and row["global_frac"] is not None:
-            heads.setdefault(row["layer"], []).append(row["global_frac"])
+    per_layer = result.get("global_frac_per_layer") or []
     found = []
     for layer, row in sorted(layers.items()):
         local = forced.get(f"local_layer{layer}")
@@ -57,8 +54,7 @@ def per_layer_routing(result):
             continue
         def minus(key):
             return None if local[key] is None or result.get(key) is None else local[key] - result[key]
-        fracs = heads.get(layer)
-        found.append({"layer": layer, "decisions_global_frac": sum(fracs) / len(fracs) if fracs else None,
+        found.append({"layer": layer, "decisions_global_frac": per_layer[layer] if layer < len(per_layer) else None,
                       "global_frac": row["global_frac"], "key_recall": row["recall"],
                       "key_precision": row["precision"], "forced_local_val": minus("val_loss"),
                       "forced_local_key": minus("key_loss")})
@@ -425,7 +421,8 @@ def per_layer_table(rows):
     if not lines:
         return ""
     return "\n".join(["| run | layer | global: head decisions / tokens | key tokens: recall / precision | "
-                      "layer forced local: val loss | ... key-token loss |", "|---|---|---|---|---|---|", *lines]) + "\n"
+                      "layer forced local: val loss | ... key-token loss |", "|---|---|---|---|---|---|",
+                      *lines]) + "\n"
 
 
 def record_table(rows, references, comparisons):

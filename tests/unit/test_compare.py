@@ -516,8 +516,8 @@ def test_the_per_layer_table_says_where_routing_spends_global_attention_and_what
                                      "local_layer1": {"val_loss": 2.0, "key_loss": 1.5, "other_loss": 2.1}},
                   "key_routing": [{"layer": 0, "head": "any", "global_frac": 0.4, "precision": 0.3, "recall": 0.6},
                                   {"layer": 0, "head": 0, "global_frac": 0.2, "precision": 0.1, "recall": 0.1},
-                                  {"layer": 0, "head": 1, "global_frac": 0.3, "precision": 0.1, "recall": 0.1},
-                                  {"layer": 1, "head": "any", "global_frac": 0.1, "precision": 0.2, "recall": 0.2}]}
+                                  {"layer": 1, "head": "any", "global_frac": 0.1, "precision": 0.2, "recall": 0.2}],
+                  "global_frac_per_layer": [0.25, None]}  # the head decisions' fraction; None: not measured
     layers = per_layer_routing(evaluation)
     assert [(x["layer"], x["global_frac"], x["key_recall"]) for x in layers] == [(0, 0.4, 0.6), (1, 0.1, 0.2)]
     assert layers[0]["decisions_global_frac"] == pytest.approx(0.25) and layers[1]["decisions_global_frac"] is None
