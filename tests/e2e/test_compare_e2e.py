@@ -1,12 +1,14 @@
 import json
 import os
+import shutil
 import signal
+import subprocess
 import time
 
 import pytest
 
 import compare
-from helpers import CPU_FP32, Script, run_script, table_cells, write_grid
+from helpers import CPU_FP32, ROOT, Script, run_script, table_cells, write_grid
 from nanoaha import checkpoint
 from nanoaha.grid.gridfile import load_grid
 from nanoaha.grid.plan import launches, plan
@@ -123,6 +125,21 @@ def test_a_grid_grows_in_a_later_session_from_the_runs_its_record_kept(tmp_path,
         compare.main([path, f"--out={tmp_path / 'out3'}", f"--from_record={os.path.join(records, first)}"])
     with pytest.raises(SystemExit, match="no runs/ folder there"):
         compare.main([path, f"--out={tmp_path / 'out4'}", f"--from_record={tmp_path}"])
+
+
+def test_git_keeps_a_records_runs_and_ignores_the_run_folders():
+    """A record's kept runs (results/DATE_GRID/runs/, nanoaha/grid/kept.py) are what a later session's
+    --from_record takes back: a .gitignore pattern that matched them (an unanchored 'runs/' did) left every record
+    without them on a fresh clone. Training output at the root stays ignored."""
+    if shutil.which("git") is None or not os.path.isdir(os.path.join(ROOT, ".git")):
+        pytest.skip("needs a git checkout")
+    def ignored(path):
+        done = subprocess.run(["git", "check-ignore", "--no-index", "-q", path], cwd=ROOT)
+        assert done.returncode in (0, 1), f"git check-ignore {path} failed"
+        return done.returncode == 0
+    kept = "results/2026-12-04_stdlib_live/runs/dense__seed_1/"
+    assert not any(ignored(kept + name) for name in ("train_summary.json", "eval.json", "launches.json", "train.log"))
+    assert all(ignored(path) for path in ("out/grids/x/ckpt.pt", "runs/x/events", "out_gpt2/ckpt.pt"))
 
 
 def test_a_signal_stops_the_grid_and_every_run_saves_its_step(tmp_path, tiny_corpus):
