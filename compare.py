@@ -14,7 +14,8 @@ and the plots, per seed), the grid file and the plots.
 --dry_run prints the plan: each run's command and whether it will be trained, resumed or skipped.
 A record keeps each finished run's small files (runs/RUN__seed_S/: summary, evaluation, launches, log; no
 checkpoint); --from_record=RECORD takes them back into run folders that do not exist, so a grid grown in a
-later session trains only its new runs (nanoaha/grid/kept.py).
+later session trains only its new runs (nanoaha/grid/kept.py); a run the record did not keep as files but has in
+rows.json, trained with the same settings, comes back as its numbers (it trains nothing).
 --summary=NAME puts several records (grids with the same runs, e.g. one per corpus) side by side in one table
 and one plot: RECORD_DIR/<date>_NAME/ with README.md, table.md and pareto.png, drawn from their rows.json.
 Exit code 0 only when every run of the grid finished and was evaluated. The grid file format: nanoaha/grid/gridfile.py.
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 from nanoaha.configurator import parse_args_or_exit, run_main
 from nanoaha.grid import plots, runner
 from nanoaha.grid.gridfile import GridError, load_grid
-from nanoaha.grid.kept import keep_runs, restore_runs
+from nanoaha.grid.kept import keep_runs, restore_runs, take_results
 from nanoaha.grid.lock import GridLock
 from nanoaha.grid.plan import describe, launches, plan, train_state, window_groups
 from nanoaha.grid.tables import (comparison_curves_table, has_key_losses, history_differences, load_rows,
@@ -59,8 +60,10 @@ def log_tail(path, n=3):
     return lines[-n:]
 
 
-def budget_lines(grid, jobs, cfg, started, elapsed):
+def budget_lines(grid, jobs, cfg, started, elapsed, taken=None):
     """The record's budget: trainings, steps, tokens, and the process hours the runs took."""
+    taken = taken or {}
+    sources = sorted({result["taken_from"] for result in taken.values()})
     tokens = sum(j.tcfg.max_iters * j.tcfg.batch_size * j.tcfg.grad_accum * j.mcfg.block_size for j in jobs)
     wall = {step: sum(run["wall_s"] for j in jobs for run in launches(j.out_dir) if run["step"] == step)
             for step in ("train", "evaluate")}
@@ -75,6 +78,9 @@ def budget_lines(grid, jobs, cfg, started, elapsed):
             + (f"this invocation: {launched} processes, {elapsed / 3600:.2f} h wall with --jobs={cfg.jobs} --threads={cfg.threads}." if launched
                else "this invocation started no process (every run was complete and evaluated): the record is drawn "
                     "from the runs' files."),
+            *([f"- {len(taken)} training(s) came as numbers from an earlier record's rows.json (their run folders "
+               f"are gone; trained and evaluated with this grid's settings): {', '.join(sorted(j.label for j in jobs if j.key in taken))}"
+               f" from {', '.join(sources)}; their process time is not counted above."] if taken else []),
             f"- Machine: {platform.machine()}, {os.cpu_count()} CPU cores, OMP_NUM_THREADS="
             f"{cfg.threads} in every process; Python {platform.python_version()}."]
 
@@ -145,7 +151,7 @@ def per_layer_lines(rows):
             table] if table else []
 
 
-def write_record(grid, jobs, rows, table, cfg, argv, started, elapsed):
+def write_record(grid, jobs, rows, table, cfg, argv, started, elapsed, taken=None):
     """RECORD_DIR/<date>_<grid>/ with README.md, table.md, the grid file and the plots; returns its path."""
     record = new_record_dir(cfg.record_dir, grid.name)
     with open(os.path.join(record, "table.md"), "w") as f:
@@ -178,7 +184,7 @@ def write_record(grid, jobs, rows, table, cfg, argv, started, elapsed):
              f"Grid file: [{os.path.basename(grid.path)}]({os.path.basename(grid.path)}) (a copy). Each run trains "
              f"in `{os.path.join(cfg.out, grid.name)}/RUN__seed_S/` (train.log, TensorBoard events under tb/, "
              f"ckpt.pt, train_summary.json, eval.json).", "",
-             "## Budget", "", *budget_lines(grid, jobs, cfg, started, elapsed), "",
+             "## Budget", "", *budget_lines(grid, jobs, cfg, started, elapsed, taken), "",
              "## Results", "", "[table.md](table.md):", "", table, "", *per_layer_lines(rows),
              *along, "## Plots", "",
              "![val loss against attention FLOPs](pareto.png)", "",
@@ -191,7 +197,9 @@ def write_record(grid, jobs, rows, table, cfg, argv, started, elapsed):
              *[f"![{name}]({name})" for name in heatmaps], "",
              "## Final log lines", ""]
     for job in jobs:
-        lines += [f"{job.label}:", "", "```text", *log_tail(os.path.join(job.out_dir, "train.log")), "```", ""]
+        tail = [f"(numbers from {taken[job.key]['taken_from']}/rows.json: no run folder)"] if job.key in (taken or {}) \
+            else log_tail(os.path.join(job.out_dir, "train.log"))
+        lines += [f"{job.label}:", "", "```text", *tail, "```", ""]
     with open(os.path.join(record, "README.md"), "w") as f:
         f.write("\n".join(lines))
     return record
@@ -248,44 +256,55 @@ def main(argv):
     try:
         grid = load_grid(paths[0])
         jobs = plan(grid, cfg.out)
+        taken = {}
         if cfg.from_record:
             restored = restore_runs(cfg.from_record, jobs, dry_run=cfg.dry_run)
             print(f"{'would take' if cfg.dry_run else 'took'} {len(restored)} finished run(s) from "
                   f"{cfg.from_record}{': ' + ', '.join(restored) if restored else ''}")
+            taken, refused = take_results(cfg.from_record, grid, jobs)
+            if taken or refused:
+                labels = [job.label for job in jobs if job.key in taken]
+                print(f"{'would take' if cfg.dry_run else 'took'} the numbers of {len(taken)} run(s) from its "
+                      f"rows.json{': ' + ', '.join(labels) if labels else ''}" + "".join(f"\n  not {r}" for r in refused))
         if cfg.dry_run:
             print(f"grid {grid.name}: {len(grid.runs)} runs, {len(jobs)} trainings, {cfg.jobs} at a time "
                   f"({cfg.threads} thread(s) each), "
                   f"in {os.path.join(cfg.out, grid.name)}")
             for job in jobs:
-                print(describe(job, grid, cfg.out))
+                print(f"{job.label}: numbers taken from {cfg.from_record}/rows.json, not trained" if job.key in taken
+                      else describe(job, grid, cfg.out))
             return 0
         with GridLock(os.path.join(cfg.out, grid.name)) as lock:  # one runner per grid, released on any exit
             runner.child_hook = lock.record_children
             try:
-                return run_grid(grid, jobs, cfg, argv)
+                return run_grid(grid, jobs, cfg, argv, taken)
             finally:
                 runner.child_hook = None
     except GridError as e:
         sys.exit(f"grid error: {e}")
 
 
-def run_grid(grid, jobs, cfg, argv):
-    """Train and evaluate the jobs, write the record; the exit code."""
-    for job in jobs:
+def run_grid(grid, jobs, cfg, argv, taken=None):
+    """Train and evaluate the jobs (but those whose numbers are taken from a record), write the record; the exit
+    code."""
+    taken = taken or {}
+    to_run = [job for job in jobs if job.key not in taken]
+    for job in to_run:
         train_state(job, grid, cfg.out)  # refuses run folders trained with another command, before any run
     started = time.time()
     previous = {sig: signal.signal(sig, stop_grid) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        status = runner.run_jobs(jobs, grid, cfg.out, cfg.jobs, threads=cfg.threads)
+        status = runner.run_jobs(to_run, grid, cfg.out, cfg.jobs, threads=cfg.threads,
+                                 done={key: "ok" for key in taken})
     finally:  # a caller in this process (a test, a notebook) keeps its own handlers afterwards
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if runner.stop_requested.is_set():
         print("interrupted: run the same command again to resume (complete runs are skipped)", file=sys.stderr)
         return 130
-    rows = rows_of(jobs, status)
+    rows = rows_of(jobs, status, taken)
     table = record_table(rows, grid.references, grid.comparisons)
-    record = write_record(grid, jobs, rows, table, cfg, argv, started, time.time() - started)
+    record = write_record(grid, jobs, rows, table, cfg, argv, started, time.time() - started, taken)
     print(table)
     print(f"record: {record}")
     unfinished = [job.label for job in jobs if status.get(job.key) != "ok"]

@@ -17,17 +17,18 @@ Budget: about 20 (local), 30 (dense, LG) and 35-40 (routed) minutes a run with t
 2-core CPU; the whole plan (below) is about 16 process-hours (8 hours of this CPU, three sessions), so it grows
 by session, each session's record keeping its finished runs (docs/grids.md, "A grid over several sessions") and
 the next continuing from it with --from_record. Rows and seeds still to run are commented out; the order is the
-one the claims need: the core rows at seed 1 (done: results/2026-12-04_stdlib_live, where LG led everything by
-0.22 and learned routing tied dense at a quarter of its attention), then seeds 2 and 3 of the core rows, GL and
-LR (is LG's lead its local first layer, and does a router find it there?), then random routing and fine-tuning,
-then the window ladder.
+one the claims need: the core rows at seed 1 (results/2026-12-04_stdlib_live, where LG led everything by 0.22 and
+learned routing tied dense at a quarter of its attention; its run files were lost to a .gitignore pattern, so
+later records carry seed 1 as the numbers of its rows.json) and seed 2 (results/2026-12-04_stdlib_live_2), then
+seed 3 of the core rows, GL and LR (is LG's lead its local first layer, and does a router find it there?), then
+random routing and fine-tuning, then the window ladder.
 """
 base = ["configs/quickstart.py"]
 _MAX_ITERS = 5000
 common = {"n_layer": 2, "n_embd": 256, "max_iters": _MAX_ITERS, "warmup_iters": 100, "eval_interval": 250,
           "eval_iters": 20, "log_interval": 50, "router_lambda_ramp": 500}
 seeds = [1]
-_core = [1]  # next sessions: [1, 2, 3]
+_core = [1, 2]  # next session: [1, 2, 3]
 _half = _MAX_ITERS // 2
 runs = {
     "dense": {"schedule": "G", "seeds": _core},

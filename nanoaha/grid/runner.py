@@ -108,11 +108,11 @@ def execute(job, grid, out_root, log=log_line, threads=1):
     return "ok"
 
 
-def run_jobs(jobs, grid, out_root, n_jobs=1, log=log_line, threads=1):
+def run_jobs(jobs, grid, out_root, n_jobs=1, log=log_line, threads=1, done=None):
     """Every job, at most n_jobs at a time (each process with `threads` threads), each once its dependencies are
-    done. Returns {(run, seed): status}:
+    done. done: {(run, seed): status} of jobs not to run (taken from a record). Returns {(run, seed): status}:
     'ok', 'failed: ...' or 'blocked: ...' (a dependency failed)."""
-    status, pending, running = {}, list(jobs), {}
+    status, pending, running = dict(done or {}), list(jobs), {}
     with ThreadPoolExecutor(max_workers=n_jobs) as pool:
         while pending or running:
             for job in list(pending):

@@ -102,12 +102,14 @@ class Row:
         return all(r["complete"] for r in self.results)
 
 
-def rows_of(jobs, status=None):
+def rows_of(jobs, status=None, taken=None):
+    """One Row per run, its results in the jobs' order; taken: {job key: result} for jobs whose numbers come
+    from a record's rows.json (nanoaha/grid/kept.py), not from a run folder."""
     rows = {}
     for job in jobs:
         row = rows.setdefault(job.run, Row(job.run, job.kind, job.mcfg.layer_letters, [], []))
         row.seeds.append(job.seed)
-        row.results.append(collect(job, (status or {}).get(job.key)))
+        row.results.append((taken or {}).get(job.key) or collect(job, (status or {}).get(job.key)))
     return list(rows.values())
 
 

@@ -123,8 +123,59 @@ def test_a_grid_grows_in_a_later_session_from_the_runs_its_record_kept(tmp_path,
     path = write_grid(tmp_path / "grow.py", {"local": {"schedule": "L", "window": 4}}, common, extra=evaluate)
     with pytest.raises(SystemExit, match="was trained with another command .*--window=4"):
         compare.main([path, f"--out={tmp_path / 'out3'}", f"--from_record={os.path.join(records, first)}"])
-    with pytest.raises(SystemExit, match="no runs/ folder there"):
+    with pytest.raises(SystemExit, match="neither runs/ nor rows.json there"):
         compare.main([path, f"--out={tmp_path / 'out4'}", f"--from_record={tmp_path}"])
+
+
+def test_a_record_without_its_kept_runs_gives_back_their_numbers_and_the_grid_trains_only_what_is_new(
+        tmp_path, tiny_corpus, capsys):
+    """A record whose runs/ is gone (before the .gitignore fix a fresh clone had none) still holds every run's
+    numbers in rows.json: a later session's grid with one more seed takes them for the runs trained with the same
+    settings (no run folder, no process), trains the new seed, and its record has both seeds; a run whose settings
+    changed is not taken, and a run that needs a taken run's checkpoint is refused."""
+    records = str(tmp_path / "results")
+    common = {**TINY, "data_dir": str(tiny_corpus)}
+    evaluate = "evaluate = {'eval_tokens': 512, 'device': 'cpu'}\n"
+    runs = {"local": {"schedule": "L"}, "routed": {"schedule": "R", "seeds": [1]}}
+    path = write_grid(tmp_path / "seeds.py", runs, common, extra=evaluate)
+    assert compare.main([path, "--jobs=2", f"--out={tmp_path / 'out1'}", f"--record_dir={records}"]) == 0
+    (first,) = os.listdir(records)
+    shutil.rmtree(os.path.join(records, first, "runs"))
+    old = {row["run"]: row["results"] for row in json.load(open(os.path.join(records, first, "rows.json")))["rows"]}
+
+    path = write_grid(tmp_path / "seeds.py", runs, {**common}, extra=evaluate + "seeds = [1, 2]\n")
+    out2 = str(tmp_path / "out2")
+    argv = [path, "--jobs=1", f"--out={out2}", f"--record_dir={records}", f"--from_record={os.path.join(records, first)}"]
+    assert compare.main(argv + ["--dry_run"]) == 0
+    printed = capsys.readouterr().out
+    assert "would take the numbers of 2 run(s) from its rows.json: local seed 1, routed seed 1" in printed
+    assert "local seed 1: numbers taken from" in printed and "local seed 2: will train" in printed
+    assert compare.main(argv) == 0
+    assert [d for d in sorted(os.listdir(os.path.join(out2, "seeds"))) if not d.startswith(".")] == ["local__seed_2"]
+    second = sorted(os.listdir(records))[1]
+    rows = {row["run"]: row for row in json.load(open(os.path.join(records, second, "rows.json")))["rows"]}
+    assert [r["seed"] for r in rows["local"]["results"]] == [1, 2] and all(r["complete"] for r in rows["local"]["results"])
+    assert rows["local"]["results"][0]["val_loss"] == old["local"][0]["val_loss"]
+    assert rows["routed"]["results"][0]["per_head"] == old["routed"][0]["per_head"]
+    assert rows["local"]["results"][0]["taken_from"] == os.path.join(records, first)
+    assert sorted(os.listdir(os.path.join(records, second, "runs"))) == ["local__seed_2"]  # files only where they exist
+    readme = open(os.path.join(records, second, "README.md")).read()
+    assert "2 training(s) came as numbers from an earlier record's rows.json" in readme
+    assert "(numbers from " in readme and "| local | LL | 2 |" in open(os.path.join(records, second, "table.md")).read()
+
+    changed = write_grid(tmp_path / "seeds.py", {"local": {"schedule": "L", "window": 4}, "routed": runs["routed"]},
+                         common, extra=evaluate + "seeds = [1, 2]\n")
+    assert compare.main([changed, f"--out={tmp_path / 'out3'}", f"--from_record={os.path.join(records, second)}",
+                         "--dry_run"]) == 0
+    printed = capsys.readouterr().out
+    assert "not local seed 1: the record trained or evaluated it with other settings; it trains here" in printed
+    assert "local seed 1: will train" in printed and "routed seed 1: numbers taken from" in printed
+    needs = write_grid(tmp_path / "seeds.py", {**runs, "tuned": {"schedule": "R", "init_from": "run:routed",
+                                                                  "max_iters": 8, "seeds": [1]}},
+                       common, extra=evaluate + "seeds = [1, 2]\n")
+    with pytest.raises(SystemExit, match="tuned seed 1 starts from routed seed 1's checkpoint or evaluation, which the "
+                                         "record has only as numbers"):
+        compare.main([needs, f"--out={tmp_path / 'out4'}", f"--from_record={os.path.join(records, second)}"])
 
 
 def test_git_keeps_a_records_runs_and_ignores_the_run_folders():
