@@ -39,7 +39,8 @@ runs = {
     # next sessions, at seeds [1, 2]:
     # "GL": {"schedule": "GL"},
     # "LR": {"schedule": "LR", "router_lambda": 0.01},
-    # "random_matched": {"schedule": "R", "routing": "random", "random_global_q": "matched:routed"},
+    # seeds [2, 3]: its rates come from routed's evaluation file, which seed 1 no longer has
+    # "random_matched": {"schedule": "R", "routing": "random", "random_global_q": "matched:routed", "seeds": [2, 3]},
     # "dense_half": {"schedule": "G", "max_iters": _half},
     # "finetuned": {"schedule": "R", "init_from": "run:dense_half", "max_iters": _half},
     # "finetuned_routers": {"schedule": "R", "init_from": "run:dense_half", "max_iters": _half,
