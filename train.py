@@ -79,6 +79,7 @@ class Run:
     nonfinite_run: int = 0                           # skipped steps in a row, and in all
     nonfinite_total: int = 0
     started: float = 0.0                             # the loop's start, for wall_s
+    wall_before: float | None = 0.0                  # training wall time behind the resumed checkpoint (None: unknown)
     train_time: float = 0.0                          # seconds in training steps (no evaluation), for tokens/s
     steps_timed: int = 0
 
@@ -244,6 +245,7 @@ def resume(run):
     run.iter_num, run.best_val, run.val_history = ckpt["iter_num"], ckpt["best_val_loss"], ckpt["val_history"]
     run.key_history = ckpt.get("key_history", [])  # checkpoints before key tokens (2026-12-02) have none
     run.head_history = ckpt.get("head_history", [])  # ... and before 2026-12-03 none of this
+    run.wall_before = ckpt.get("train_wall_s")  # before 2026-12-04 checkpoints kept no wall time: unknown
     # what the folder holds, for the divergence message: the resumed checkpoint, the best of the earlier steps
     run.saved_step = run.iter_num if resumed_from == run.ckpt_path else None
     run.best_step = next((step for step, loss in run.val_history if loss == run.best_val), None)
@@ -415,11 +417,18 @@ def checkpoint_state(run):
             "scaler": run.scaler.state_dict() if run.scaler.is_enabled() else None,
             "model_config": asdict(run.mcfg), "train_config": asdict(run.tcfg), "dtype": dtype_name(run.dtype),
             "iter_num": run.iter_num, "best_val_loss": run.best_val, "val_history": run.val_history,
-            "key_history": run.key_history, "head_history": run.head_history,
+            "key_history": run.key_history, "head_history": run.head_history, "train_wall_s": train_wall(run),
             "router_lambda_state": run.controller.u if run.controller is not None else None,
             "data_meta": run.data.meta,
             "rng": {"torch": gathered(run, torch.get_rng_state()), "cuda": gathered(run, cuda),
                     "data": run.generator.get_state()}}
+
+
+def train_wall(run):
+    """Seconds of training behind the model now, summed over the processes that trained it: what the resumed
+    checkpoint carried plus this process's loop. A process killed without a checkpoint counts up to its last
+    one (its later steps are trained again); None where a checkpoint before 2026-12-04 left it unknown."""
+    return None if run.wall_before is None else run.wall_before + time.time() - run.started
 
 
 def save(run, is_best):
@@ -486,7 +495,8 @@ def run_summary(run, final):
             "other_loss": run.last_eval["other_loss"], "key_frac": run.last_eval["key_frac"],
             "key_tokens": {"k": run.key_k, "window": run.mcfg.window, "n_sink": run.mcfg.n_sink},
             "tokens_per_s": tokens / run.train_time if run.train_time else None,
-            "wall_s": time.time() - run.started, "routed_global_frac": routing["global_frac"],
+            "wall_s": time.time() - run.started, "train_wall_s": train_wall(run),
+            "routed_global_frac": routing["global_frac"],
             "model_ideal_flop_frac": routing["attention_flop_frac_ideal"],
             "model_computed_flop_frac": routing["attention_flop_frac_computed"],
             "global_frac_per_layer": routing["global_frac_per_layer"], "val_history": run.val_history,

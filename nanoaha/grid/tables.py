@@ -31,7 +31,9 @@ def collect(job, status=None):
         "per_layer": result.get("global_frac_per_layer"), "per_head": result.get("global_frac_per_head"),
         "sweep": result.get("threshold_sweep") or [],
         "tokens_per_s": summary.get("tokens_per_s"),
-        "wall_s": sum(train_wall) if train_wall else summary.get("wall_s"),
+        # train.py's own clock, kept in the checkpoint over resumes, counts a process the runner lost with it
+        # (killed at a session's end); before 2026-12-04 only the launches the runner saw finish
+        "wall_s": summary.get("train_wall_s") or (sum(train_wall) if train_wall else summary.get("wall_s")),
         "val_history": summary.get("val_history") or [],
         "key_history": summary.get("key_history") or [],
         "per_layer_routing": per_layer_routing(result),

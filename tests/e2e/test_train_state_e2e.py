@@ -69,3 +69,26 @@ def test_a_run_resumed_under_auto_keeps_the_precision_it_trained_in(tmp_path, ti
     train.train(*configs(tmp_path, tiny_corpus, max_iters=6, dtype="float32", init_from="resume"))
     assert "trained in float16 so far, continues in float32" in capsys.readouterr().out
     assert checkpoint.load_checkpoint(str(tmp_path), "cpu")["dtype"] == "float32"
+
+
+def test_the_training_wall_time_adds_up_over_resumes_from_the_checkpoint(tmp_path, tiny_corpus):
+    """train_wall_s is the checkpoint's plus this process's loop, so a process killed after its last checkpoint
+    (the grid runner killed with it never records it) still counts; a checkpoint from before the field leaves
+    it unknown (None), not this process's time alone."""
+    train.train(*configs(tmp_path, tiny_corpus, max_iters=2, eval_interval=2))
+    carried = checkpoint.load_checkpoint(str(tmp_path), "cpu")["train_wall_s"]
+    assert carried > 0
+    train.train(*configs(tmp_path, tiny_corpus, max_iters=4, eval_interval=2, init_from="resume"))
+    with open(tmp_path / "train_summary.json") as f:
+        summary = json.load(f)
+    assert summary["train_wall_s"] == pytest.approx(carried + summary["wall_s"], abs=0.05)
+    assert checkpoint.load_checkpoint(str(tmp_path), "cpu")["train_wall_s"] > carried
+
+    old = checkpoint.load_checkpoint(str(tmp_path), "cpu")
+    del old["train_wall_s"]
+    checkpoint.save_checkpoint(str(tmp_path / "ckpt.pt"), old)
+    train.train(*configs(tmp_path, tiny_corpus, max_iters=6, eval_interval=2, init_from="resume"))
+    with open(tmp_path / "train_summary.json") as f:
+        summary = json.load(f)
+    assert summary["train_wall_s"] is None and summary["wall_s"] > 0
+    assert checkpoint.load_checkpoint(str(tmp_path), "cpu")["train_wall_s"] is None

@@ -544,3 +544,18 @@ def test_every_shipped_grid_file_loads_and_plans(path, tmp_path):
     assert jobs and {job.run for job in jobs} == set(grid.runs)
     for question, (run, other) in grid.comparisons.items():
         assert run in grid.runs and other in grid.runs, question
+
+
+def test_a_runs_wall_time_is_train_pys_clock_over_its_processes_where_the_checkpoint_kept_it(tmp_path):
+    """The runner's launches miss a process killed with the runner; train.py's train_wall_s (carried in the
+    checkpoint) counts it. Summaries written before that field fall back to the launches."""
+    job = plan(load_grid(write_grid(tmp_path / "g.py", {"local": {"schedule": "L"}})), str(tmp_path / "out"))[0]
+    os.makedirs(job.out_dir)
+    with open(os.path.join(job.out_dir, "launches.json"), "w") as f:
+        json.dump([{"step": "train", "argv": [], "cwd": "", "wall_s": 100.0, "returncode": 0},
+                   {"step": "evaluate", "argv": [], "cwd": "", "wall_s": 7.0, "returncode": 0}], f)
+    for summary, wall in (({"wall_s": 90.0, "train_wall_s": 1300.0}, 1300.0), ({"wall_s": 90.0}, 100.0),
+                          ({"wall_s": 90.0, "train_wall_s": None}, 100.0)):
+        with open(os.path.join(job.out_dir, "train_summary.json"), "w") as f:
+            json.dump(summary, f)
+        assert tables.collect(job)["wall_s"] == wall
