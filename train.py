@@ -38,8 +38,8 @@ from nanoaha.routing_stats import (format_routing, mean_stats, routing_stats, ro
 from nanoaha.tensorboard_log import Logger, run_hparams
 from nanoaha.train_config import TrainConfig, check_config, corpus_dir
 from nanoaha.training import (LambdaController, StopSignals, TrainingStopped, check_same_data, compile_model,
-                              configure_optimizer, lambda_ramp, lr_at, restore_rng, routed_mode_at, router_lambda_at,
-                              weights_finite)
+                              configure_optimizer, lambda_ramp, lr_at, penalty_start, restore_rng, routed_mode_at,
+                              router_lambda_at, routers_held_local, weights_finite)
 
 
 @dataclass
@@ -115,6 +115,7 @@ class Step:
     lr: float
     lam: object         # the penalty weight: a number, or a tensor with one weight per routed layer
     force_global: bool
+    held_local: bool    # router_local_iters: every routed decision ran local
     stop: bool          # a stop signal reached some rank
 
 
@@ -302,8 +303,10 @@ def train_step(run, signals):
         run.controller.weights(run.n_routers) * lambda_ramp(it, tcfg)
     for group in run.optimizer.param_groups:
         group["lr"] = lr * group.get("lr_mult", 1.0)
-    force_global = bool(torch.rand((), generator=run.generator) < tcfg.p_dense)
-    out, loss_ok = forward_backward(run, lam, force_global, routed_mode_at(it, tcfg, run.mcfg))
+    held_local = routers_held_local(it, tcfg)
+    # drawn every step, so the data order does not depend on router_local_iters; held local wins
+    force_global = bool(torch.rand((), generator=run.generator) < tcfg.p_dense) and not held_local
+    out, loss_ok = forward_backward(run, lam, force_global, routed_mode_at(it, tcfg, run.mcfg), held_local)
     if run.scaler.is_enabled():
         run.scaler.unscale_(run.optimizer)
     params = run.trainable_params
@@ -321,10 +324,10 @@ def train_step(run, signals):
         update_controller(run, out, force_global)
     run.losses.append(out.loss.item())
     run.train_time, run.steps_timed = run.train_time + time.time() - step_start, run.steps_timed + 1
-    return Step(out, lr, lam, force_global, stop)
+    return Step(out, lr, lam, force_global, held_local, stop)
 
 
-def forward_backward(run, lam, force_global, routed_mode):
+def forward_backward(run, lam, force_global, routed_mode, held_local=False):
     """This rank's slice of the global batch in grad_accum micro-steps (DDP syncs gradients on the last one);
     returns the last micro-step's output and whether every micro-step's loss was finite."""
     tcfg = run.tcfg
@@ -338,7 +341,8 @@ def forward_backward(run, lam, force_global, routed_mode):
         with nullcontext() if sync else run.model.no_sync():
             with run.autocast:
                 out = run.model(x, y, penalty_weight=lam, router_budget=tcfg.router_budget,
-                                force_global=force_global, routed_mode=routed_mode)
+                                force_global=force_global, routed_mode=routed_mode,
+                                router_threshold=math.inf if held_local else None)
             run.scaler.scale(out.loss / tcfg.grad_accum).backward()
         loss_ok &= torch.isfinite(out.loss.detach())
     return out, loss_ok
@@ -373,10 +377,11 @@ def skip_step(run, bad_loss):
 
 def update_controller(run, out, force_global):
     """Budget-targeted lambda: each routed layer's global fraction of the step (mean over ranks) moves it. A
-    forced-global step says nothing about the routers' choice, and before router_lambda_start there is none.
+    forced-global step says nothing about the routers' choice, and before penalty_start (router_lambda_start,
+    router_local_iters) there is none.
     The fraction is the routers' own (p >= threshold): router_explore's extra global decisions are training's
     only, so counting them would leave the trained model below its target by the explored share."""
-    if run.controller is None or force_global or run.iter_num < run.tcfg.router_lambda_start:
+    if run.controller is None or force_global or run.iter_num < penalty_start(run.tcfg):
         return
     fracs = torch.stack([(p >= run.mcfg.router_threshold).float().mean() for p in out.probs if p is not None])
     if run.ddp:
@@ -457,7 +462,9 @@ def evaluate_and_save(run, final=False):
     tcfg, mcfg, it = run.tcfg, run.mcfg, run.iter_num
     # evaluate_losses draws from a fixed RNG (training's does not move); its 'computed' FLOPs count the model's
     # routed_mode, also during sparse_from_iter's exact steps
-    losses, stats = evaluate_losses(run.raw_model, run.val_batches, run.autocast, key_labels=run.val_key_labels)
+    # while router_local_iters holds the routers local, the model that trains is the all-local one
+    losses, stats = evaluate_losses(run.raw_model, run.val_batches, run.autocast, key_labels=run.val_key_labels,
+                                    router_threshold=math.inf if routers_held_local(it, tcfg) else None)
     val_loss = losses["val_loss"]
     finite = math.isfinite(val_loss)
     is_best = finite and val_loss < run.best_val
@@ -525,7 +532,7 @@ def log_step(run, step, dt):
     loss_parts = f" (lm {lm_loss:.4f} + penalty {penalty:.2g}; mean p {mean_p:.3f}, lambda {lam:.2g})" \
         if run.n_routers else ""
     tqdm.write(f"iter {run.iter_num}: loss {loss:.4f}{loss_parts} | {format_routing(stats)}"
-               f"{' [forced global]' if step.force_global else ''} | lr {step.lr:.2e} | {tok_s:,.0f} tok/s "
+               f"{' [forced global]' if step.force_global else ''}{' [held local]' if step.held_local else ''} | lr {step.lr:.2e} | {tok_s:,.0f} tok/s "
                f"({flops / 1e12:.3g} TFLOP/s per device{mfu}) | ETA {eta / 60:.1f} min")
     scalars = {"train/loss": loss, "train/lm_loss": lm_loss, **router, "train/lr": step.lr,
                "train/tokens_per_s": tok_s, "train/tflops_per_device": flops / 1e12,

@@ -33,7 +33,7 @@ class TrainConfig:
     beta2: float = 0.95
     grad_clip: float = 1.0               # 0: no clipping
     router_lambda: float = 0.01          # weight of the L1 router penalty (mean router probability)
-    router_lambda_start: int = 0         # penalty is zero before this step ...
+    router_lambda_start: int = 0         # penalty is zero before this step (and before router_local_iters) ...
     router_lambda_ramp: int = 200        # ... then ramps linearly to router_lambda over this many steps
     router_lr_mult: float = 1.0          # the routers' learning rate is learning_rate times this (same schedule)
     router_budget: float = 0.0           # no penalty on a routed layer whose mean router probability is below this
@@ -42,6 +42,7 @@ class TrainConfig:
     router_target_rate: float = 0.05     # how fast lambda adapts (LambdaController) ...
     router_lambda_max: float = 1.0       # ... within +- this: a lambda that dominates the LM loss would also
                                          # dominate the clipped gradient norm
+    router_local_iters: int = 0          # routed decisions all local for this many steps (routers still learn)
     sparse_from_iter: int = 0            # with routed_mode='sparse': exact mode before this step
     p_dense: float = 0.0                 # probability that a step runs every routed head globally
     collapse_frac: float = 0.005         # warn when a routed layer's global fraction falls below this
@@ -62,7 +63,8 @@ class TrainConfig:
         """Ranges of single settings (combinations: check_config). The parser turns these into one-line errors."""
         at_least = {"batch_size": 1, "grad_accum": 1, "eval_interval": 1, "eval_iters": 1, "log_interval": 1,
                     "max_nonfinite_steps": 1, "max_iters": 0, "warmup_iters": 0, "lr_decay_iters": 0,
-                    "router_lambda_start": 0, "router_lambda_ramp": 0, "sparse_from_iter": 0}
+                    "router_lambda_start": 0, "router_lambda_ramp": 0, "sparse_from_iter": 0,
+                    "router_local_iters": 0}
         for key, low in at_least.items():
             if getattr(self, key) < low:
                 raise ValueError(f"{key}={getattr(self, key)} must be at least {low}")
@@ -95,6 +97,14 @@ def check_config(tcfg, mcfg):
         raise ValueError("trainable='router' needs learned routers: a schedule with R and routing='learned'")
     if tcfg.router_target_global > 0 and not learned:
         raise ValueError("router_target_global needs learned routers: a schedule with R and routing='learned'")
+    if tcfg.router_local_iters > 0 and not learned:
+        raise ValueError("router_local_iters holds learned routers local: a schedule with R and routing='learned'")
+    if tcfg.router_local_iters > 0 and mcfg.routed_mode != "exact":
+        raise ValueError("router_local_iters: the routers learn from both attentions, which only routed_mode='exact' "
+                         "computes; use routed_mode='exact' (or sparse_from_iter after the held steps)")
+    if tcfg.router_local_iters > 0 and mcfg.router_explore > 0:
+        raise ValueError("router_local_iters holds every routed decision local, router_explore sends some global: "
+                         "set one of them to 0")
     if tcfg.sparse_from_iter > 0 and mcfg.routed_mode != "sparse":
         raise ValueError("sparse_from_iter switches exact -> sparse: set routed_mode='sparse' with it")
     if tcfg.router_target_global > 0 and tcfg.router_lambda == 0:

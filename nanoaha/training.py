@@ -20,13 +20,27 @@ def lr_at(it, cfg):
     return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (cfg.learning_rate - cfg.min_lr)
 
 
+def routers_held_local(it, cfg):
+    """Step it is one of router_local_iters' first steps: every routed decision runs local (the threshold is
+    infinite), in training and in its evaluations; exact mode still computes full attention, so the straight-through
+    gradient tells each router what global attention would have given this backbone."""
+    return it < cfg.router_local_iters
+
+
+def penalty_start(cfg):
+    """The first step with a penalty (and a lambda controller): a penalty on routers held local would only close
+    them before they decide anything."""
+    return max(cfg.router_lambda_start, cfg.router_local_iters)
+
+
 def lambda_ramp(it, cfg):
-    """The penalty's schedule, a factor in [0, 1]: 0 before router_lambda_start, then a linear ramp."""
-    if it < cfg.router_lambda_start:
+    """The penalty's schedule, a factor in [0, 1]: 0 before penalty_start, then a linear ramp."""
+    start = penalty_start(cfg)
+    if it < start:
         return 0.0
     if cfg.router_lambda_ramp <= 0:
         return 1.0
-    return min(1.0, (it - cfg.router_lambda_start + 1) / cfg.router_lambda_ramp)
+    return min(1.0, (it - start + 1) / cfg.router_lambda_ramp)
 
 
 def router_lambda_at(it, cfg):

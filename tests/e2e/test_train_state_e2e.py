@@ -92,3 +92,37 @@ def test_the_training_wall_time_adds_up_over_resumes_from_the_checkpoint(tmp_pat
         summary = json.load(f)
     assert summary["train_wall_s"] is None and summary["wall_s"] > 0
     assert checkpoint.load_checkpoint(str(tmp_path), "cpu")["train_wall_s"] is None
+
+
+def test_routers_held_local_run_local_still_learn_and_the_penalty_waits(tmp_path, tiny_corpus, capsys):
+    """router_local_iters=3: the first three steps and the step-0 evaluation run every routed decision local
+    (the routers start all-global, p = 0.5), with no penalty and a still controller, while the routers learn by the
+    straight-through gradient; from step 3 the routers decide and the controller moves."""
+    common = {"schedule": "R", "router_target_global": 0.25, "router_lambda": 0.01, "router_lambda_ramp": 0,
+              "router_local_iters": 3, "log_interval": 1}
+    train.train(*configs(tmp_path / "held", tiny_corpus, max_iters=3, **common))
+    lines = capsys.readouterr().out.splitlines()
+    held = [line for line in lines if line.startswith("iter ")]
+    assert len(held) == 3 and all("[held local]" in line and "global 0.0%" in line and "penalty 0;" in line
+                                  for line in held)
+    assert "global 0.0%" in next(line for line in lines if line.startswith("step 0:"))
+    ckpt = checkpoint.load_checkpoint(str(tmp_path / "held"), "cpu")
+    assert ckpt["router_lambda_state"].tolist() == [1.0]
+    assert ckpt["model"]["blocks.0.attn.router.logits.weight"].abs().max() > 0  # zero at init: it learned
+
+    train.train(*configs(tmp_path / "held", tiny_corpus, max_iters=5, init_from="resume", **common))
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("iter ")]
+    assert len(lines) == 2 and not any("[held local]" in line for line in lines)
+    assert any("global 0.0%" not in line for line in lines)
+    assert router_lambdas(tmp_path / "held")[0] != pytest.approx(0.01)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"schedule": "L"}, "router_local_iters holds learned routers local"),
+    ({"routed_mode": "sparse"}, "only routed_mode='exact' computes"),
+    ({"router_explore": 0.1}, "set one of them to 0"),
+])
+def test_router_local_iters_refuses_what_it_cannot_hold(tmp_path, tiny_corpus, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        train.train(*configs(tmp_path, tiny_corpus, max_iters=1, router_local_iters=2,
+                             **{"schedule": "R", **overrides}))
