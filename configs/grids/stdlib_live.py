@@ -19,9 +19,10 @@ by session, each session's record keeping its finished runs (docs/grids.md, "A g
 the next continuing from it with --from_record. Rows and seeds still to run are commented out; the order is the
 one the claims need: the core rows at seed 1 (results/2026-12-04_stdlib_live, where LG led everything by 0.22 and
 learned routing tied dense at a quarter of its attention; its run files were lost to a .gitignore pattern, so
-later records carry seed 1 as the numbers of its rows.json) and seed 2 (results/2026-12-04_stdlib_live_2), then
-seed 3 of the core rows, GL and LR (is LG's lead its local first layer, and does a router find it there?), then
-random routing and fine-tuning, then the window ladder.
+later records carry seed 1 as the numbers of its rows.json) and seed 2 (results/2026-12-04_stdlib_live_2); GL
+and LR (is LG's lead its local first layer, and does a router find it there?) with two router changes at LG's cost
+(results/2026-12-04_stdlib_live_3: LR beats dense at a fifth of its attention, neither change finds the local
+first layer); then seed 3 of the core rows and LR, random routing and fine-tuning, then the window ladder.
 """
 base = ["configs/quickstart.py"]
 _MAX_ITERS = 5000
@@ -36,10 +37,14 @@ runs = {
     "LG": {"schedule": "LG", "seeds": _core},
     "routed": {"schedule": "R", "router_lambda": 0.01, "seeds": _core},
     "routed_at_LG": {"schedule": "R", "router_target_global": 0.5, "seeds": _core},
-    # next sessions, at seeds [1, 2]:
-    # "GL": {"schedule": "GL"},
-    # "LR": {"schedule": "LR", "router_lambda": 0.01},
-    # seeds [2, 3]: its rates come from routed's evaluation file, which seed 1 no longer has
+    "GL": {"schedule": "GL", "seeds": [2]},  # next: [1, 2, 3]
+    "LR": {"schedule": "LR", "router_lambda": 0.01, "seeds": _core},
+    "routed_at_LG_init_local": {"schedule": "R", "router_target_global": 0.5, "router_init_bias": -3.0,
+                                "seeds": [2]},
+    "routed_at_LG_held_local": {"schedule": "R", "router_target_global": 0.5, "router_local_iters": 1000,
+                                "seeds": [2]},
+    # next sessions, at seeds [1, 2] (random_matched at [2, 3]: its rates come from routed's evaluation file,
+    # which seed 1 no longer has):
     # "random_matched": {"schedule": "R", "routing": "random", "random_global_q": "matched:routed", "seeds": [2, 3]},
     # "dense_half": {"schedule": "G", "max_iters": _half},
     # "finetuned": {"schedule": "R", "init_from": "run:dense_half", "max_iters": _half},
@@ -60,7 +65,11 @@ comparisons = {
     # "fine-tuned vs from scratch, equal tokens": ("finetuned", "routed"),
     # "only the routers trained vs their dense start": ("finetuned_routers", "dense_half"),
     # "dense vs local at w = 128": ("dense", "local_w128"),
-    # "local first layer: LG vs GL": ("LG", "GL"),
-    # "routing the second layer only vs LG": ("LR", "LG"),
+    "local first layer: LG vs GL": ("LG", "GL"),
+    "routing the second layer only vs LG": ("LR", "LG"),
+    "at LG's cost, routers start all-local vs all-global": ("routed_at_LG_init_local", "routed_at_LG"),
+    "at LG's cost, routers start all-local vs LG": ("routed_at_LG_init_local", "LG"),
+    "at LG's cost, routers held local for 1000 steps vs not": ("routed_at_LG_held_local", "routed_at_LG"),
+    "at LG's cost, routers held local for 1000 steps vs LG": ("routed_at_LG_held_local", "LG"),
 }
 evaluate = {"eval_tokens": 65536}
