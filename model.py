@@ -38,7 +38,8 @@ class GPTConfig:
     window: int = 32                # a local query at t sees keys t-window+1 .. t
     n_sink: int = 0                 # ... plus the first n_sink positions
     routing: str = "learned"        # 'learned' router, or 'random': global with probability random_global_q
-    random_global_q: float | list = 0.1  # one rate, or one per layer (to match a learned model layer by layer)
+    random_global_q: float | list = 0.1  # one rate, or one per layer (to match a learned model layer by layer),
+                                         # a layer's rate may be one per head: [1, 0, 0, 0] is one fixed global head
     router_threshold: float = 0.5   # gate = p >= threshold; may be changed at inference
     router_init_bias: float = 0.0   # 0 with zero weights: p = 0.5 >= 0.5, so step 0 is all-global
     router_init_std: float = 0.0
@@ -183,7 +184,9 @@ class Attention(nn.Module):
             return self.router(x, threshold, force_global, local)
         B, T, _ = x.shape
         q = self.config.random_global_q
-        hard = torch.rand(B, self.n_head, T, device=x.device) < (q[self.layer] if isinstance(q, list) else q)
+        q = q[self.layer] if isinstance(q, list) else q
+        q = torch.tensor(q, device=x.device).view(1, -1, 1) if isinstance(q, list) else q  # per head
+        hard = torch.rand(B, self.n_head, T, device=x.device) < q
         if force_global:
             hard = torch.ones_like(hard)
         return hard, hard.float(), None
@@ -503,5 +506,10 @@ def check_model_config(cfg):
     rates = cfg.random_global_q if isinstance(cfg.random_global_q, list) else [cfg.random_global_q]
     if isinstance(cfg.random_global_q, list) and len(rates) != cfg.n_layer:
         raise ValueError(f"random_global_q has {len(rates)} rates for {cfg.n_layer} layers: give one per layer")
-    if not all(isinstance(q, (int, float)) and 0.0 <= q <= 1.0 for q in rates):
-        raise ValueError(f"random_global_q={cfg.random_global_q} must be a probability (or one per layer)")
+    def probability(q):
+        return isinstance(q, (int, float)) and not isinstance(q, bool) and 0.0 <= q <= 1.0
+
+    if not all(probability(q) or (isinstance(q, list) and len(q) == cfg.n_head and all(map(probability, q)))
+               for q in rates):
+        raise ValueError(f"random_global_q={cfg.random_global_q} must be a probability, or one per layer, each a "
+                         f"probability or a list of {cfg.n_head} (one per head)")

@@ -238,6 +238,21 @@ def test_random_routing_rate_per_layer():
         small_config(routing="random", random_global_q=[0.1])
 
 
+def test_random_routing_rate_per_head_fixes_heads_global_or_local():
+    """A layer's rate may be one per head: rates 0 and 1 make a fixed mix, e.g. one global head in a local
+    layer (the fixed counterpart of a router that sends one head global); a wrong length is refused."""
+    torch.manual_seed(0)
+    model = GPT(small_config(schedule="LR", n_head=4, routing="random",
+                             random_global_q=[0.0, [1.0, 0.0, 0.0, 0.5]]))
+    x = tokens(B=32)
+    heads = routing_stats(model(x, x), model.config)["global_frac"][1]
+    assert heads[0] == 1 and heads[1] == 0 and heads[2] == 0 and abs(heads[3] - 0.5) < 0.05
+    with pytest.raises(ValueError, match="a list of 4 \\(one per head\\)"):
+        small_config(schedule="LR", n_head=4, routing="random", random_global_q=[0.0, [1.0, 0.0]])
+    with pytest.raises(ValueError, match="must be a probability"):
+        small_config(schedule="LR", n_head=4, routing="random", random_global_q=[0.0, [1.0, 0.0, 0.0, 2.0]])
+
+
 def test_routing_stats_flop_fraction():
     cfg = small_config(schedule="LG", window=8, n_sink=2)
     x = tokens(T=48)
