@@ -43,7 +43,9 @@ runs = {
                                 "seeds": [2]},
     "routed_at_LG_held_local": {"schedule": "R", "router_target_global": 0.5, "router_local_iters": 1000,
                                 "seeds": [2]},
-    # next sessions, at seeds [1, 2] (random_matched at [2, 3]: its rates come from routed's evaluation file,
+    # next sessions, at seeds [1, 2]: the fixed counterpart of LR's routers (one head in layer 1 always global)
+    # "LR_one_global_head": {"schedule": "LR", "routing": "random", "random_global_q": [0.0, [1.0, 0.0, 0.0, 0.0]]},
+    # (random_matched at [2, 3]: its rates come from routed's evaluation file,
     # which seed 1 no longer has):
     # "random_matched": {"schedule": "R", "routing": "random", "random_global_q": "matched:routed", "seeds": [2, 3]},
     # "dense_half": {"schedule": "G", "max_iters": _half},
@@ -67,6 +69,7 @@ comparisons = {
     # "dense vs local at w = 128": ("dense", "local_w128"),
     "local first layer: LG vs GL": ("LG", "GL"),
     "routing the second layer only vs LG": ("LR", "LG"),
+    # "LR vs one fixed global head in its routed layer": ("LR", "LR_one_global_head"),
     "at LG's cost, routers start all-local vs all-global": ("routed_at_LG_init_local", "routed_at_LG"),
     "at LG's cost, routers start all-local vs LG": ("routed_at_LG_init_local", "LG"),
     "at LG's cost, routers held local for 1000 steps vs not": ("routed_at_LG_held_local", "routed_at_LG"),
