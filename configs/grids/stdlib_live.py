@@ -29,12 +29,12 @@ _MAX_ITERS = 5000
 common = {"n_layer": 2, "n_embd": 256, "max_iters": _MAX_ITERS, "warmup_iters": 100, "eval_interval": 250,
           "eval_iters": 20, "log_interval": 50, "router_lambda_ramp": 500}
 seeds = [1]
-_core = [1, 2]  # next session: [1, 2, 3]
+_core = [1, 2]  # next session: [1, 2, 3] (local and LG have seed 3: results/2026-12-04_stdlib_live_4)
 _half = _MAX_ITERS // 2
 runs = {
     "dense": {"schedule": "G", "seeds": _core},
-    "local": {"schedule": "L", "seeds": _core},
-    "LG": {"schedule": "LG", "seeds": _core},
+    "local": {"schedule": "L", "seeds": [1, 2, 3]},
+    "LG": {"schedule": "LG", "seeds": [1, 2, 3]},
     "routed": {"schedule": "R", "router_lambda": 0.01, "seeds": _core},
     "routed_at_LG": {"schedule": "R", "router_target_global": 0.5, "seeds": _core},
     "GL": {"schedule": "GL", "seeds": [2]},  # next: [1, 2, 3]
