@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import evaluate
+import probe
 import prune
 import sample
 import train
@@ -206,9 +207,28 @@ def test_command_line_writes_json_and_the_markdown_table(runs, tmp_path, capsys)
     assert json.load(open(os.path.join(runs.random, "eval.json")))["run"] == "random"
 
 
+def test_probe_command_line_prints_each_head_and_writes_json(runs, tmp_path, capsys):
+    out = tmp_path / "probe.json"
+    probe.main([str(runs.root / "runs"), "--span=12", "--n_spans=4", "--batch_size=2", "--device=cpu", f"--out={out}"])
+    written = json.load(open(out))
+    assert [os.path.basename(os.path.dirname(r["checkpoint"])) for r in written] == ["random", "routed"]
+    routed = written[1]
+    assert routed["span"] == 12 and routed["n_spans"] == 4 and routed["window"] == 8
+    assert routed["copy_gain"] == pytest.approx(routed["first_loss"] - routed["second_loss"])
+    assert [layer["kind"] for layer in routed["layers"]] == ["routed", "routed"]
+    assert all(len(layer[score]) == 2 for layer in routed["layers"] for score in ("induction", "previous", "far"))
+    printed = capsys.readouterr().out
+    assert f"routed (RR, window 8): copy gain {routed['copy_gain']:+.3f} nats" in printed
+    assert f"| routed | {routed['copy_gain']:+.3f} | " in printed
+    for span, problem in ((8, "is within the window"), (17, "exceed")):
+        run = run_script("probe.py", runs.routed, f"--span={span}", "--device=cpu")
+        assert run.returncode == 1 and "Traceback" not in run.stderr and problem in run.stderr
+        assert len(run.stderr.strip().splitlines()) == 1
+
+
 def test_bad_input_on_the_command_line_has_no_traceback(tmp_path):
-    for script in ("evaluate.py", "prune.py"):
-        run = run_script(script, tmp_path / "nothing", f"--out_dir={tmp_path / 'p'}")
+    for script in ("evaluate.py", "prune.py", "probe.py"):
+        run = run_script(script, tmp_path / "nothing", *([] if script == "probe.py" else [f"--out_dir={tmp_path / 'p'}"]))
         assert run.returncode != 0 and "Traceback" not in run.stderr
         assert run.stderr.strip().startswith("error: no checkpoint at") and len(run.stderr.strip().splitlines()) == 1
 

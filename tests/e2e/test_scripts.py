@@ -9,7 +9,7 @@ from helpers import run_script
 # as a user runs them: without the Triton interpreter that tests/conftest.py switches on for the kernel tests
 USER_ENV = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
 
-SCRIPTS = ["train.py", "sample.py", "evaluate.py", "prune.py", "compare.py"]
+SCRIPTS = ["train.py", "sample.py", "evaluate.py", "prune.py", "probe.py", "compare.py"]
 PREPARERS = ["data/prepare.py", "data/python_stdlib/prepare.py", "data/shakespeare/prepare.py",
              "data/shakespeare_char/prepare.py", "data/fineweb_edu/prepare.py", "data/synthetic/prepare.py"]
 BENCHMARKS = ["bench/train_speed.py", "bench/generate.py", "bench/attention.py", "bench/cpu_attention.py",

@@ -5,7 +5,7 @@ import os
 
 from helpers import ROOT
 
-SCRIPTS = {"train", "sample", "evaluate", "prune", "compare"}  # what a user runs, at the root
+SCRIPTS = {"train", "sample", "evaluate", "prune", "probe", "compare"}  # what a user runs, at the root
 SKIP = {".git", ".venv", ".venv-ci", "results", "tests", "configs", "__pycache__", "out"}
 
 

@@ -1,0 +1,80 @@
+"""What a checkpoint's attention does with long context: the repeat probe (nanoaha/copy_probe.py). Each probe
+sequence is a val span followed by itself, longer than the window; the probe reports the copy gain (how much
+better the model predicts the second copy than the first) and, per layer and head, the induction score (weight on
+the token after the earlier occurrence, beyond the window), the previous-token score, the attention mass beyond
+the window on ordinary text and the global share.
+
+    python probe.py out/grids/stdlib_live/LG__seed_2 out/grids/stdlib_live/routed_at_LG__seed_2 [--span=256]
+    python probe.py out/grids/stdlib_live/ --out=out/probe.json
+"""
+import sys
+from dataclasses import dataclass
+
+from nanoaha.atomic_files import write_json
+from nanoaha.configurator import parse_args_or_exit, run_main
+from nanoaha.copy_probe import DEFAULT_N_SPANS, DEFAULT_SPAN, probe_checkpoint
+from nanoaha.device import pick_device
+from nanoaha.evaluation import find_checkpoints, run_name
+from nanoaha.formatting import percent
+
+
+@dataclass
+class ProbeConfig:
+    data_dir: str = ""            # the corpus whose val split gives the spans; "": each checkpoint's own
+    span: int = DEFAULT_SPAN      # tokens a copy; longer than the window, at most block_size / 2
+    n_spans: int = DEFAULT_N_SPANS  # spans probed, evenly spaced over the val split
+    batch_size: int = 8
+    device: str = "auto"
+    dtype: str = "float32"        # the model's forward pass (the attention weights are recomputed in fp32)
+    out: str = ""                 # write every result to this JSON file
+
+
+def format_probe(r):
+    """One checkpoint's result as lines: the copy gain, then one line per layer and head."""
+    lines = [f"{run_name(r['checkpoint'])} ({r['layers_kinds']}, window {r['window']}): copy gain "
+             f"{r['copy_gain']:+.3f} nats (first copy {r['first_loss']:.3f}, second {r['second_loss']:.3f}; "
+             f"{r['n_spans']} spans of {r['span']})",
+             "  layer head kind     induction  previous  far    global"]
+    for i, layer in enumerate(r["layers"]):
+        for h, (ind, prev, far, glob) in enumerate(zip(layer["induction"], layer["previous"], layer["far"],
+                                                       layer["global"])):
+            lines.append(f"  {i:>5} {h:>4} {layer['kind']:<8} {ind:>9.3f} {prev:>9.3f} {far:>6.3f} "
+                         f"{percent(glob, 0):>7}")
+    return "\n".join(lines)
+
+
+def summary_table(results):
+    """A markdown table, one row per checkpoint: copy gain and, per layer, its strongest head's induction and
+    previous-token scores."""
+    n_layers = max(len(r["layers"]) for r in results)
+    head = ["run", "copy gain"] + [f"L{i} {name}" for i in range(n_layers) for name in ("induction", "previous")]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in results:
+        cells = [run_name(r["checkpoint"]), f"{r['copy_gain']:+.3f}"]
+        for i in range(n_layers):
+            layer = r["layers"][i] if i < len(r["layers"]) else None
+            cells += ["-", "-"] if layer is None else [f"{max(layer['induction']):.3f}",
+                                                       f"{max(layer['previous']):.3f}"]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def main(argv):
+    paths = [arg for arg in argv if not arg.startswith("--")]
+    (cfg,) = parse_args_or_exit([arg for arg in argv if arg.startswith("-")], ProbeConfig, usage=__doc__)
+    if not paths:
+        sys.exit("name at least one checkpoint: python probe.py CKPT_OR_DIR [CKPT_OR_DIR ...] [--key=value ...]")
+    device = pick_device(cfg.device)
+    results = []
+    for path in find_checkpoints(paths):
+        result = probe_checkpoint(path, cfg.data_dir, cfg.span, cfg.n_spans, cfg.batch_size, device, cfg.dtype)
+        print(format_probe(result), flush=True)
+        results.append(result)
+    print(summary_table(results))
+    if cfg.out:
+        write_json(cfg.out, results, indent=2)
+        print(f"wrote {cfg.out}")
+
+
+if __name__ == "__main__":
+    run_main(main, sys.argv[1:])
