@@ -15,7 +15,7 @@ from nanoaha.configurator import parse_args_or_exit, run_main
 from nanoaha.copy_probe import DEFAULT_N_SPANS, DEFAULT_SPAN, probe_checkpoint
 from nanoaha.device import pick_device
 from nanoaha.evaluation import find_checkpoints, run_name
-from nanoaha.formatting import percent
+from nanoaha.formatting import fixed, percent
 
 
 @dataclass
@@ -30,16 +30,21 @@ class ProbeConfig:
 
 
 def format_probe(r):
-    """One checkpoint's result as lines: the copy gain, then one line per layer and head."""
+    """One checkpoint's result as lines: the copy gain, then one line per layer and head (routed heads also
+    with their previous-token score when local and when global, and their induction score when global)."""
     lines = [f"{run_name(r['checkpoint'])} ({r['layers_kinds']}, window {r['window']}): copy gain "
              f"{r['copy_gain']:+.3f} nats (first copy {r['first_loss']:.3f}, second {r['second_loss']:.3f}; "
              f"{r['n_spans']} spans of {r['span']})",
-             "  layer head kind     induction  previous  far    global"]
+             "  layer head kind     induction  previous    far  global | previous: local  global | induction: global"]
     for i, layer in enumerate(r["layers"]):
-        for h, (ind, prev, far, glob) in enumerate(zip(layer["induction"], layer["previous"], layer["far"],
-                                                       layer["global"])):
-            lines.append(f"  {i:>5} {h:>4} {layer['kind']:<8} {ind:>9.3f} {prev:>9.3f} {far:>6.3f} "
-                         f"{percent(glob, 0):>7}")
+        for h in range(len(layer["induction"])):
+            line = (f"  {i:>5} {h:>4} {layer['kind']:<8} {layer['induction'][h]:>9.3f} {layer['previous'][h]:>9.3f} "
+                    f"{layer['far'][h]:>6.3f} {percent(layer['global'][h], 0):>7}")
+            if "previous_when_local" in layer:
+                line += (f" | {fixed(layer['previous_when_local'][h], 3):>15} "
+                         f"{fixed(layer['previous_when_global'][h], 3):>7} | "
+                         f"{fixed(layer['induction_when_global'][h], 3):>17}")
+            lines.append(line)
     return "\n".join(lines)
 
 

@@ -10,7 +10,9 @@ Per layer and head, from the attention weights each (head, token) used, its rout
 - previous: the mean weight a query at t puts on key t - 1, what the layer under a copy head provides;
 - far: the mean weight on keys beyond the window (t - s >= window; sinks included) over the first copy, i.e. on ordinary text:
   how much of the head's attention long context takes;
-- global: the share of the second copy's queries that went global (routed layers; 1 dense, 0 local).
+- global: the share of the second copy's queries that went global (routed layers; 1 dense, 0 local);
+- routed layers only: the previous-token score over a head's local decisions and over its global ones, and the
+  induction score over its global ones: whether a head keeps its function when it goes global.
 """
 from contextlib import nullcontext
 
@@ -25,7 +27,6 @@ from nanoaha.kernels.reference import causal_mask, local_mask
 
 DEFAULT_SPAN = 256
 DEFAULT_N_SPANS = 32
-SCORES = ("induction", "previous", "far", "global")
 
 
 def probe_sequences(tokens, span, n_spans):
@@ -62,26 +63,63 @@ def layer_weights(attn, x, cos, sin, hard):
     return scores.masked_fill(~mask, float("-inf")).softmax(-1)
 
 
-def head_scores(weights, span, window, hard=None):
-    """{score: (H,) tensor} of one layer's weights (B, H, 2 * span, 2 * span) on repeated spans (module
-    docstring); hard: that layer's (B, H, T) routing decisions, None for dense (1) or local (0) layers, whose
-    global share is given by the caller."""
+def head_sums(weights, span, window, hard=None):
+    """{score: ((H,) sum, (H,) count)} of one layer's weights (B, H, 2 * span, 2 * span) on repeated spans
+    (module docstring), summed so that batches pool exactly; hard: that layer's (B, H, T) routing decisions,
+    None for dense or local layers (whose global share copy_probe fills in)."""
     T = weights.shape[-1]
     t = torch.arange(T, device=weights.device)
     second = t[span:]
-    scores = {
-        "induction": weights[:, :, second, second - span + 1].mean((0, 2)),
-        "previous": weights[:, :, t[1:], t[1:] - 1].mean((0, 2)),
-        "far": (weights[:, :, :span, :span] * (t[:span, None] - t[None, :span] >= window)).sum(-1).mean((0, 2)),
-    }
+    previous = weights[:, :, t[1:], t[1:] - 1]
+    induction = weights[:, :, second, second - span + 1]
+    far = (weights[:, :, :span, :span] * (t[:span, None] - t[None, :span] >= window)).sum(-1)
+    sums = {"induction": sum_where(induction), "previous": sum_where(previous), "far": sum_where(far)}
     if hard is not None:
-        scores["global"] = hard[:, :, span:].float().mean((0, 2))
-    return scores
+        sums["global"] = sum_where(hard[:, :, span:].float())
+        sums["previous_when_local"] = sum_where(previous, ~hard[:, :, 1:])
+        sums["previous_when_global"] = sum_where(previous, hard[:, :, 1:])
+        sums["induction_when_global"] = sum_where(induction, hard[:, :, span:])
+    return sums
 
 
-def copy_probe(model, sequences, autocast=None):
-    """The probe on a model (eval mode) and sequences (n, 2 * span) from probe_sequences: {"copy_gain",
-    "first_loss", "second_loss", "layers": [{"kind", score: [one per head]}]}."""
+def sum_where(values, where=None):
+    """((H,) sum, (H,) count) of values (B, H, N) over the entries where `where` holds (all: None)."""
+    if where is None:
+        return values.sum((0, 2)), torch.full(values.shape[1:2], values.shape[0] * values.shape[2], dtype=values.dtype)
+    where = where.to(values.dtype)
+    return (values * where).sum((0, 2)), where.sum((0, 2))
+
+
+def head_scores(sums):
+    """{score: [one mean per head]} from head_sums (pooled); nan for a head with no such decision."""
+    return {name: (total / count).tolist() for name, (total, count) in sums.items()}
+
+
+def copy_probe(model, sequences, batch_size=8, autocast=None):
+    """The probe on a model (eval mode) and sequences (n, 2 * span) from probe_sequences, batch_size at a time:
+    {"span", "n_spans", "first_loss", "second_loss", "copy_gain", "layers": [{"kind", score: [one per head]}]}."""
+    span = sequences.shape[1] // 2
+    loss_sums, layer_sums = torch.zeros(2), {}
+    for batch in sequences.split(batch_size):
+        losses, sums = probe_batch(model, batch, autocast)
+        loss_sums += losses
+        for i, layer in sums.items():
+            for name, (total, count) in layer.items():
+                old = layer_sums.setdefault(i, {}).get(name)
+                layer_sums[i][name] = (total, count) if old is None else (old[0] + total, old[1] + count)
+    first, second = (loss_sums / (sequences.shape[0] * (span - 1))).tolist()
+    layers = []
+    for i, block in enumerate(model.blocks):
+        scores = head_scores(layer_sums[i])
+        if "global" not in scores:
+            scores["global"] = [1.0 if block.attn.kind == "dense" else 0.0] * block.attn.n_head
+        layers.append({"kind": block.attn.kind, **scores})
+    return {"span": span, "n_spans": sequences.shape[0], "first_loss": first, "second_loss": second,
+            "copy_gain": first - second, "layers": layers}
+
+
+def probe_batch(model, sequences, autocast=None):
+    """((2,) summed losses on the first and second copy's targets, {layer: head_sums}) of one batch."""
     span = sequences.shape[1] // 2
     found = {}
 
@@ -99,37 +137,18 @@ def copy_probe(model, sequences, autocast=None):
             hook.remove()
     losses = F.cross_entropy(out.logits[:, :-1].float().transpose(1, 2), sequences[:, 1:], reduction="none")
     # position p predicts token p + 1: targets 1 .. span - 1 of the first copy, the same tokens in the second
-    first, second = losses[:, :span - 1].mean().item(), losses[:, span:].mean().item()
-    layers = []
+    first, second = losses[:, :span - 1].sum(), losses[:, span:].sum()
     with torch.no_grad():
-        for i in range(len(model.blocks)):
-            attn, x, cos, sin, hard = found[i]
-            scores = head_scores(layer_weights(attn, x, cos, sin, hard), span, model.config.window, hard)
-            if hard is None:
-                scores["global"] = torch.full((attn.n_head,), 1.0 if attn.kind == "dense" else 0.0)
-            layers.append({"kind": attn.kind, **{name: scores[name].tolist() for name in SCORES}})
-    return {"span": span, "n_spans": sequences.shape[0], "first_loss": first, "second_loss": second,
-            "copy_gain": first - second, "layers": layers}
-
-
-def mean_results(results):
-    """The mean of copy_probe results over equal-sized batches (every number averaged)."""
-    def mean(values):
-        first = values[0]
-        if isinstance(first, dict):
-            return {key: mean([v[key] for v in values]) for key in first}
-        if isinstance(first, list):
-            return [mean(list(column)) for column in zip(*values)]
-        if isinstance(first, str):
-            return first
-        return sum(values) / len(values)
-    return {**mean(results), "span": results[0]["span"], "n_spans": sum(r["n_spans"] for r in results)}
+        sums = {i: head_sums(layer_weights(attn, x, cos, sin, hard), span, model.config.window, hard)
+                for i, (attn, x, cos, sin, hard) in found.items()}
+    return torch.stack([first, second]).cpu(), {i: {k: (t.cpu(), c.cpu()) for k, (t, c) in s.items()}
+                                                 for i, s in sums.items()}
 
 
 def probe_checkpoint(path, data_dir="", span=DEFAULT_SPAN, n_spans=DEFAULT_N_SPANS, batch_size=8, device="cpu",
                      dtype="float32"):
-    """copy_probe on a checkpoint's model over n_spans spans of its val split (in batches of batch_size;
-    n_spans rounded down to whole batches), random routing drawn under seed 0."""
+    """copy_probe on a checkpoint's model over n_spans spans of its val split (batch_size at a time), random
+    routing drawn under seed 0."""
     model, _ = load_model(path, device)
     if 2 * span > model.config.block_size:
         raise ValueError(f"span={span}: two copies ({2 * span} tokens) exceed {path}'s block_size "
@@ -139,11 +158,9 @@ def probe_checkpoint(path, data_dir="", span=DEFAULT_SPAN, n_spans=DEFAULT_N_SPA
                          f"use a span longer than the window")
     data_dir = data_dir or trained_data_dir(path)
     data = eval_data(data_dir, model.config, f"checkpoint {path}")
-    batch_size = min(batch_size, n_spans)
-    sequences = probe_sequences(data.tokens("val"), span, n_spans - n_spans % batch_size).to(device)
+    sequences = probe_sequences(data.tokens("val"), span, n_spans).to(device)
     torch_dtype = pick_dtype(dtype, device)
     torch.manual_seed(0)
-    results = [copy_probe(model, batch, autocast_context(device, torch_dtype))
-               for batch in sequences.split(batch_size)]
+    result = copy_probe(model, sequences, batch_size, autocast_context(device, torch_dtype))
     return {"checkpoint": path, "data_dir": data_dir, "window": model.config.window,
-            "layers_kinds": model.config.layer_letters, **mean_results(results)}
+            "layers_kinds": model.config.layer_letters, **result}

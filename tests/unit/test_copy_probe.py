@@ -5,7 +5,7 @@ import torch.nn.functional as F
 
 from helpers import small_config
 from model import GPT
-from nanoaha.copy_probe import copy_probe, head_scores, layer_weights, mean_results, probe_sequences
+from nanoaha.copy_probe import copy_probe, head_scores, head_sums, layer_weights, probe_sequences
 
 SPAN = 20  # > window 8, 2 * SPAN <= block_size 48
 
@@ -37,17 +37,24 @@ def test_head_scores_of_hand_built_attention():
     copy[0, 0, t[span:], t[span:]] = 0.0
     copy[0, 0, t[span:], t[span:] - span + 1] = 1.0  # second copy reads the token after the earlier occurrence
     uniform = torch.tril(torch.ones(T, T)) / torch.arange(1, T + 1)[:, None]
-    scores = {name: head_scores(w, span, window)
+    scores = {name: head_scores(head_sums(w, span, window))
               for name, w in (("previous", previous), ("copy", copy), ("uniform", uniform[None, None]))}
-    assert scores["previous"]["previous"].item() == 1.0 and scores["previous"]["induction"].item() == 0.0
-    assert scores["copy"]["induction"].item() == 1.0 and scores["copy"]["previous"].item() == 0.0
+    assert scores["previous"]["previous"] == [1.0] and scores["previous"]["induction"] == [0.0]
+    assert scores["copy"]["induction"] == [1.0] and scores["copy"]["previous"] == [0.0]
     # uniform causal attention over the first copy: query q puts (q - window + 1) / (q + 1) beyond the window
     far = sum(max(0, q - window + 1) / (q + 1) for q in range(span)) / span
-    assert scores["uniform"]["far"].item() == pytest.approx(far)
-    assert scores["previous"]["far"].item() == 0.0 and "global" not in scores["uniform"]
+    assert scores["uniform"]["far"] == [pytest.approx(far)]
+    assert scores["previous"]["far"] == [0.0] and "global" not in scores["uniform"]
+    # routed: batch row 0 global on the second copy; row 0 reads the copy source, row 1 the previous token
     hard = torch.zeros(2, 1, T, dtype=torch.bool)
     hard[0, 0, span:] = True
-    assert head_scores(torch.cat([copy, copy]), span, window, hard)["global"].item() == 0.5
+    routed = head_scores(head_sums(torch.cat([copy, previous]), span, window, hard))
+    assert routed["global"] == [0.5] and routed["induction_when_global"] == [1.0]
+    # previous-token weight: 1 on row 1's T - 1 queries (all local), 0 on row 0's
+    assert routed["previous_when_global"] == [0.0]
+    assert routed["previous_when_local"] == [pytest.approx((T - 1) / (T - 1 + span - 1))]
+    none_global = head_scores(head_sums(previous, span, window, torch.zeros(1, 1, T, dtype=torch.bool)))
+    assert np.isnan(none_global["previous_when_global"][0]) and none_global["previous_when_local"] == [1.0]
 
 
 @pytest.mark.parametrize("schedule, overrides", [("GL", {}), ("R", {"router_init_std": 1.0}),
@@ -101,8 +108,16 @@ def test_a_local_model_reads_nothing_beyond_its_window():
         assert all(p > 0 for p in layer["previous"])
 
 
-def test_mean_results_average_numbers_and_count_spans():
-    a = {"span": 20, "n_spans": 2, "copy_gain": 1.0, "layers": [{"kind": "dense", "induction": [0.0, 1.0]}]}
-    b = {"span": 20, "n_spans": 2, "copy_gain": 0.0, "layers": [{"kind": "dense", "induction": [1.0, 1.0]}]}
-    assert mean_results([a, b]) == {"span": 20, "n_spans": 4, "copy_gain": 0.5,
-                                    "layers": [{"kind": "dense", "induction": [0.5, 1.0]}]}
+def test_batches_pool_exactly():
+    torch.manual_seed(0)
+    model = GPT(small_config(schedule="R", router_init_std=1.0)).eval()
+    seqs = repeated(n=4)
+    whole, batched = copy_probe(model, seqs, batch_size=4), copy_probe(model, seqs, batch_size=3)
+    assert batched["n_spans"] == whole["n_spans"] == 4
+    for key in ("first_loss", "second_loss"):
+        assert batched[key] == pytest.approx(whole[key], rel=1e-5)
+    for a, b in zip(whole["layers"], batched["layers"]):
+        assert set(a) == {"kind", "induction", "previous", "far", "global", "previous_when_local",
+                          "previous_when_global", "induction_when_global"}
+        for name in set(a) - {"kind"}:
+            np.testing.assert_allclose(a[name], b[name], rtol=1e-5, atol=1e-7)
