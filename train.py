@@ -29,6 +29,7 @@ from nanoaha.atomic_files import write_json
 from nanoaha.checkpoint import (BEST_NAME, load_checkpoint, load_model_state, load_resume_checkpoint, save_best,
                                 save_checkpoint)
 from nanoaha.configurator import parse_args_or_exit, run_main
+from nanoaha.copy_probe import probe_during_training, training_spans
 from nanoaha.device import DTYPES, autocast_context, dtype_label, dtype_name, peak_flops, pick_device, pick_dtype
 from nanoaha.evaluation import evaluate_losses, label_key_tokens
 from nanoaha.formatting import fixed
@@ -67,11 +68,13 @@ class Run:
     val_batches: list | None = None     # the fixed val windows of every evaluation
     val_key_labels: list | None = None  # their key-token labels (nanoaha/key_tokens.py), computed once
     key_k: int = 0                      # the k of those labels (the corpus' default)
+    probe_sequences: torch.Tensor | None = None  # the repeat probe's val spans, each twice (None: no probe)
     iter_num: int = 0
     best_val: float = math.inf
     val_history: list = field(default_factory=list)  # [step, val loss] of every evaluation
     key_history: list = field(default_factory=list)  # [step, key-token loss, other tokens' loss] of every evaluation
     head_history: list = field(default_factory=list)  # [step, per layer and head global fraction] of every evaluation
+    copy_history: list = field(default_factory=list)  # [step, copy gain, per layer strongest induction score]
     last_eval: dict = field(default_factory=dict)    # val, key and other loss and routing of the latest evaluation
     losses: list = field(default_factory=list)       # every step's training loss (this rank's last micro-step)
     saved_step: int | None = None                    # the step of the latest checkpoint this run wrote ...
@@ -197,6 +200,8 @@ def setup(tcfg, mcfg, ddp, rank, world, device):
     run.logger = Logger(os.path.join(tcfg.out_dir, "tb"), tcfg.tensorboard and run.master)
     run.val_batches = data.val_batches(tcfg.batch_size, tcfg.eval_iters)
     run.val_key_labels, run.key_k = label_key_tokens(run.val_batches, mcfg, data.meta["vocab_size"])
+    spans = training_spans(data, mcfg.block_size, mcfg.window, tcfg.probe_spans) if run.master else None
+    run.probe_sequences = None if spans is None else spans.to(device)
     return run
 
 
@@ -246,6 +251,7 @@ def resume(run):
     run.iter_num, run.best_val, run.val_history = ckpt["iter_num"], ckpt["best_val_loss"], ckpt["val_history"]
     run.key_history = ckpt.get("key_history", [])  # checkpoints before key tokens (2026-12-02) have none
     run.head_history = ckpt.get("head_history", [])  # ... and before 2026-12-03 none of this
+    run.copy_history = ckpt.get("copy_history", [])  # ... nor before 2026-12-04 the repeat probe
     run.wall_before = ckpt.get("train_wall_s")  # before 2026-12-04 checkpoints kept no wall time: unknown
     # what the folder holds, for the divergence message: the resumed checkpoint, the best of the earlier steps
     run.saved_step = run.iter_num if resumed_from == run.ckpt_path else None
@@ -422,7 +428,8 @@ def checkpoint_state(run):
             "scaler": run.scaler.state_dict() if run.scaler.is_enabled() else None,
             "model_config": asdict(run.mcfg), "train_config": asdict(run.tcfg), "dtype": dtype_name(run.dtype),
             "iter_num": run.iter_num, "best_val_loss": run.best_val, "val_history": run.val_history,
-            "key_history": run.key_history, "head_history": run.head_history, "train_wall_s": train_wall(run),
+            "key_history": run.key_history, "head_history": run.head_history, "copy_history": run.copy_history,
+            "train_wall_s": train_wall(run),
             "router_lambda_state": run.controller.u if run.controller is not None else None,
             "data_meta": run.data.meta,
             "rng": {"torch": gathered(run, torch.get_rng_state()), "cuda": gathered(run, cuda),
@@ -472,14 +479,18 @@ def evaluate_and_save(run, final=False):
     for history, entry in ((run.val_history, [it, val_loss]),
                            (run.key_history, [it, losses["key_loss"], losses["other_loss"]]),
                            (run.head_history, [it, stats["global_frac"].tolist()])):
-        if history and history[-1][0] == it:  # resumed at an evaluation's step: evaluated again
-            history[-1] = entry
-        else:
-            history.append(entry)
+        record_at(history, entry)
     run.last_eval = {**losses, "routing": stats}
+    copy = ""
+    if run.probe_sequences is not None and finite:  # rank 0 only (setup); no collective inside
+        gain, induction = probe_during_training(run.raw_model, run.probe_sequences, run.autocast)
+        record_at(run.copy_history, [it, gain, induction])
+        run.logger.scalars(it, {"val/copy_gain": gain, **{f"val_probe/induction_max/layer{i}": v for i, (v, kind)
+                                                          in enumerate(zip(induction, mcfg.kinds)) if kind != "local"}})
+        copy = f" | copy gain {gain:+.3f}"
     if run.master:
         tqdm.write(f"step {it}: val loss {val_loss:.4f} (key tokens {fixed(losses['key_loss'])}, other "
-                   f"{fixed(losses['other_loss'])}) | {format_routing(stats)}")
+                   f"{fixed(losses['other_loss'])}){copy} | {format_routing(stats)}")
         if finite:
             warn_collapse(stats, mcfg.kinds, tcfg.collapse_frac, it)
             run.logger.evaluation(it, losses, stats, run.raw_model, run.val_batches[0][0].to(run.device),
@@ -491,6 +502,15 @@ def evaluate_and_save(run, final=False):
         save(run, is_best)
     if run.master:
         write_json(os.path.join(tcfg.out_dir, "train_summary.json"), run_summary(run, final))
+
+
+def record_at(history, entry):
+    """Append [step, ...] to an evaluation history; a resume at an evaluation's step evaluates it again and
+    replaces that entry."""
+    if history and history[-1][0] == entry[0]:
+        history[-1] = entry
+    else:
+        history.append(entry)
 
 
 def run_summary(run, final):
@@ -507,7 +527,7 @@ def run_summary(run, final):
             "model_ideal_flop_frac": routing["attention_flop_frac_ideal"],
             "model_computed_flop_frac": routing["attention_flop_frac_computed"],
             "global_frac_per_layer": routing["global_frac_per_layer"], "val_history": run.val_history,
-            "key_history": run.key_history,
+            "key_history": run.key_history, "copy_history": run.copy_history,
             "router_lambdas": run.controller.lam.tolist() if run.controller is not None else None,
             "nonfinite_steps": run.nonfinite_total}
 

@@ -164,3 +164,26 @@ def probe_checkpoint(path, data_dir="", span=DEFAULT_SPAN, n_spans=DEFAULT_N_SPA
     result = copy_probe(model, sequences, batch_size, autocast_context(device, torch_dtype))
     return {"checkpoint": path, "data_dir": data_dir, "window": model.config.window,
             "layers_kinds": model.config.layer_letters, **result}
+
+
+def training_spans(data, block_size, window, n_spans):
+    """The probe sequences of train.py's evaluations: n_spans val spans (fewer where the val split is short) of
+    min(DEFAULT_SPAN, block_size // 2) tokens; None where no span longer than the window fits or n_spans is 0."""
+    span = min(DEFAULT_SPAN, block_size // 2)
+    n_spans = min(n_spans, len(data.tokens("val")) // span) if span > window else 0
+    return probe_sequences(data.tokens("val"), span, n_spans) if n_spans else None
+
+
+def probe_during_training(model, sequences, autocast=None):
+    """(copy gain, [each layer's strongest induction score]) of the model now, on a forked RNG seeded 0 (random
+    routing neither moves training's RNG nor varies between evaluations); the model's mode is restored."""
+    was_training = model.training
+    model.eval()
+    devices = [sequences.device] if sequences.device.type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(0)
+            result = copy_probe(model, sequences, autocast=autocast)
+    finally:
+        model.train(was_training)
+    return result["copy_gain"], [max(layer["induction"]) for layer in result["layers"]]

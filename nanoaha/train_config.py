@@ -49,6 +49,8 @@ class TrainConfig:
     max_nonfinite_steps: int = 10        # a non-finite loss or gradient skips the step; this many in a row stop
     eval_interval: int = 250
     eval_iters: int = 20
+    probe_spans: int = 8                 # the repeat probe at every evaluation (copy gain, induction heads;
+                                         # nanoaha/copy_probe.py) on this many val spans; 0: off
     log_interval: int = 10
     save_checkpoint: bool = True
     tensorboard: bool = True
@@ -64,7 +66,7 @@ class TrainConfig:
         at_least = {"batch_size": 1, "grad_accum": 1, "eval_interval": 1, "eval_iters": 1, "log_interval": 1,
                     "max_nonfinite_steps": 1, "max_iters": 0, "warmup_iters": 0, "lr_decay_iters": 0,
                     "router_lambda_start": 0, "router_lambda_ramp": 0, "sparse_from_iter": 0,
-                    "router_local_iters": 0}
+                    "router_local_iters": 0, "probe_spans": 0}
         for key, low in at_least.items():
             if getattr(self, key) < low:
                 raise ValueError(f"{key}={getattr(self, key)} must be at least {low}")

@@ -41,6 +41,9 @@ def test_training_writes_every_view_with_sane_values(tmp_path, tiny_corpus, monk
     assert [e.step for e in acc.Scalars("val/loss")] == eval_steps
     assert acc.Scalars("val/loss")[-1].value == pytest.approx(result["val_loss"])
     assert not [t for t in tags["scalars"] if "_heads/" in t or "layer1" in t]  # grouped; the local layer has none
+    assert [e.step for e in acc.Scalars("val/copy_gain")] == eval_steps  # the repeat probe: layers that read far
+    assert sorted(t for t in tags["scalars"] if t.startswith("val_probe/")) == [
+        "val_probe/induction_max/layer0", "val_probe/induction_max/layer2"]
     assert [e.step for e in acc.Scalars("train/tokens_per_s")] == [1, 2]
     assert all(e.value > 0 for e in acc.Scalars("train/tflops_per_device"))
     assert [e.value for e in acc.Scalars("train/nonfinite_steps")] == [0, 0]

@@ -225,3 +225,21 @@ def test_compile_trains_like_eager_on_the_cpu(tmp_path, tiny_corpus):
     compiled = train.train(*tiny_train_configs(tmp_path / "compiled", tiny_corpus, compile=True, **common))
     assert compiled["losses"] == pytest.approx(eager["losses"], rel=1e-4)
     assert compiled["val_loss"] == pytest.approx(eager["val_loss"], rel=1e-4)
+
+
+def test_the_repeat_probe_runs_at_every_evaluation_without_moving_training(tmp_path, tiny_corpus, capsys):
+    """Random routing draws from the RNG: the probe (forked RNG) must leave every training loss unchanged."""
+    common = {"routing": "random", "random_global_q": 0.3, "schedule": "LR"}
+    probed = train.train(*tiny_train_configs(tmp_path / "probed", tiny_corpus, **common))
+    printed = capsys.readouterr().out
+    with open(tmp_path / "probed" / "out" / "train_summary.json") as f:
+        summary = json.load(f)
+    history = summary["copy_history"]
+    assert [step for step, _, _ in history] == [0, 20, 40]  # every evaluation
+    assert all(math.isfinite(gain) and len(induction) == 2 for _, gain, induction in history)
+    assert history[0][2][0] == 0.0  # layer 0 is local: nothing beyond its window (span 16 > window 8)
+    assert f"step 40: val loss {summary['val_loss']:.4f}" in printed and f"copy gain {history[-1][1]:+.3f}" in printed
+    unprobed = train.train(*tiny_train_configs(tmp_path / "unprobed", tiny_corpus, probe_spans=0, **common))
+    assert unprobed["losses"] == probed["losses"] and unprobed["val_loss"] == probed["val_loss"]
+    with open(tmp_path / "unprobed" / "out" / "train_summary.json") as f:
+        assert json.load(f)["copy_history"] == []
