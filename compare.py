@@ -29,7 +29,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from nanoaha.configurator import parse_args_or_exit, run_main
+from nanoaha.configurator import paths_and_settings, run_main
 from nanoaha.grid import plots, runner
 from nanoaha.grid.gridfile import GridError, load_grid
 from nanoaha.grid.kept import keep_runs, restore_runs, take_results
@@ -235,8 +235,7 @@ def stop_grid(signum, frame):
 
 
 def main(argv):
-    paths = [arg for arg in argv if not arg.startswith("--")]
-    (cfg,) = parse_args_or_exit([arg for arg in argv if arg.startswith("-")], CompareConfig, usage=__doc__)
+    paths, cfg = paths_and_settings(argv, CompareConfig, usage=__doc__)
     if cfg.summary:
         if not paths:
             sys.exit("--summary=NAME: name the record folders to put side by side (results/<date>_<grid> ...)")

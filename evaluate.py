@@ -22,7 +22,7 @@ import os
 import sys
 
 from nanoaha.atomic_files import atomic_write, write_json
-from nanoaha.configurator import parse_args_or_exit
+from nanoaha.configurator import paths_and_settings
 from nanoaha.key_tokens import check_key_k
 from nanoaha.evaluation import (SETTINGS, EvalConfig, check_thresholds, eval_settings, evaluate_checkpoint,
                                 find_checkpoints, format_result, markdown_table, run_name, threshold_list,
@@ -47,8 +47,7 @@ def check_replace(path, settings, overwrite):
 
 
 def main(argv):
-    paths = [arg for arg in argv if not arg.startswith("--")]
-    (cfg,) = parse_args_or_exit([arg for arg in argv if arg.startswith("-")], EvalConfig, usage=__doc__)
+    paths, cfg = paths_and_settings(argv, EvalConfig, usage=__doc__)
     if not paths:
         sys.exit("name at least one checkpoint: python evaluate.py CKPT_OR_DIR [CKPT_OR_DIR ...] [--key=value ...]")
     thresholds = threshold_list(cfg.thresholds)

@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass
 
 from nanoaha.atomic_files import write_json
-from nanoaha.configurator import parse_args_or_exit, run_main
+from nanoaha.configurator import paths_and_settings, run_main
 from nanoaha.copy_probe import DEFAULT_N_SPANS, DEFAULT_SPAN, probe_checkpoint
 from nanoaha.device import pick_device
 from nanoaha.evaluation import find_checkpoints, run_name
@@ -65,8 +65,7 @@ def summary_table(results):
 
 
 def main(argv):
-    paths = [arg for arg in argv if not arg.startswith("--")]
-    (cfg,) = parse_args_or_exit([arg for arg in argv if arg.startswith("-")], ProbeConfig, usage=__doc__)
+    paths, cfg = paths_and_settings(argv, ProbeConfig, usage=__doc__)
     if not paths:
         sys.exit("name at least one checkpoint: python probe.py CKPT_OR_DIR [CKPT_OR_DIR ...] [--key=value ...]")
     device = pick_device(cfg.device)

@@ -7,7 +7,7 @@ any other (evaluate.py, sample.py); fine-tune it with train.py --init_from=NEW_D
 import sys
 from dataclasses import dataclass
 
-from nanoaha.configurator import parse_args_or_exit
+from nanoaha.configurator import paths_and_settings
 from nanoaha.evaluation import DEFAULT_EVAL_TOKENS
 from nanoaha.formatting import percent
 from nanoaha.pruning import DEFAULT_MIN_GLOBAL_FRAC, prune
@@ -46,8 +46,7 @@ def format_report(r, dtype):
 
 
 def main(argv):
-    paths = [arg for arg in argv if not arg.startswith("--")]
-    (cfg,) = parse_args_or_exit([arg for arg in argv if arg.startswith("-")], PruneConfig, usage=__doc__)
+    paths, cfg = paths_and_settings(argv, PruneConfig, usage=__doc__)
     if len(paths) != 1:
         sys.exit(f"name one checkpoint: python prune.py CKPT_DIR --out_dir=NEW_DIR "
                  f"[--min_global_frac={DEFAULT_MIN_GLOBAL_FRAC}]")

@@ -145,6 +145,13 @@ def parse_args_or_exit(argv, *schemas, usage=None):
         sys.exit(f"config error: {e}")
 
 
+def paths_and_settings(argv, schema, usage=None):
+    """(paths, settings) of a command line that names files and sets --key=value: parse_args_or_exit on the
+    options, the other arguments in order."""
+    (settings,) = parse_args_or_exit([arg for arg in argv if arg.startswith("-")], schema, usage=usage)
+    return [arg for arg in argv if not arg.startswith("-")], settings
+
+
 def run_main(main, argv):
     """Run a script's main and return what it returns (an exit status, or None): an expected error (a bad
     setting, a missing or corrupt file) ends it with one line on stderr and exit status 1, not a traceback.
