@@ -100,7 +100,9 @@ def new_record_dir(record_dir, name):
 def val_curves(jobs, rows, history="val_history"):
     """(label, [[step, loss], ...]) of each row's first seed; a run that starts from another run's checkpoint
     is drawn after that run's steps, so that every curve's step axis counts all the steps behind it.
-    history='key_history': the loss on key tokens instead (None where the windows held none)."""
+    history='key_history': the loss on key tokens instead (None where the windows held none);
+    'copy_history': the repeat probe's copy gain, from the row's first seed that has it (runs trained before
+    the probe have none), its label naming that seed."""
     checkpoints = {os.path.join(job.out_dir, "ckpt.pt"): job for job in jobs}
     first = {}
     for job in jobs:
@@ -110,7 +112,11 @@ def val_curves(jobs, rows, history="val_history"):
         source = checkpoints.get(first[row.run].tcfg.init_from)
         offset = source.tcfg.max_iters if source else 0
         label = f"{row.run} (after {source.run})" if source else row.run
-        points = row.results[0].get(history) or []  # records before key tokens have no key_history
+        result = row.results[0]
+        if history == "copy_history":
+            result = next((r for r in row.results if r.get(history)), result)
+            label += f" (seed {result['seed']})"
+        points = result.get(history) or []  # records before key tokens have no key_history
         curves.append((label, [[entry[0] + offset, entry[1]] for entry in points]))
     return curves
 
@@ -169,6 +175,10 @@ def write_record(grid, jobs, rows, table, cfg, argv, started, elapsed, taken=Non
     key_curves = val_curves(jobs, rows, "key_history")
     if any(loss is not None for _, points in key_curves for _, loss in points):
         plots.val_curves(os.path.join(record, "key_curves.png"), key_curves, "key-token loss (train.py's eval)")
+    copy_curves = val_curves(jobs, rows, "copy_history")
+    if any(points for _, points in copy_curves):
+        plots.val_curves(os.path.join(record, "copy_curves.png"), copy_curves,
+                         "copy gain, nats (train.py's repeat probe)", seeds="a seed with the probe")
     along = along_training(record, grid, jobs, rows)
     heatmaps = []
     for row in rows:
@@ -194,6 +204,9 @@ def write_record(grid, jobs, rows, table, cfg, argv, started, elapsed, taken=Non
              "![val loss curves](val_curves.png)", "",
              *(["![key-token loss curves](key_curves.png)", ""]
                if os.path.exists(os.path.join(record, "key_curves.png")) else []),
+             *(["![copy gain curves: how much better each run predicts a val span the second time it reads it, "
+                "from beyond the window](copy_curves.png)", ""]
+               if os.path.exists(os.path.join(record, "copy_curves.png")) else []),
              *[f"![{name}]({name})" for name in heatmaps], "",
              "## Final log lines", ""]
     for job in jobs:

@@ -223,8 +223,9 @@ def comparison_curves(path, panels):
     return _save(fig, path)
 
 
-def val_curves(path, curves, ylabel="val loss (train.py's eval)"):
-    """A loss against step (val loss; ylabel names another). curves: [(label, [[step, loss], ...]), ...]."""
+def val_curves(path, curves, ylabel="val loss (train.py's eval)", seeds="first seed"):
+    """A loss against step (val loss; ylabel names another). curves: [(label, [[step, loss], ...]), ...];
+    seeds: which seed of each run the curves are, for the title."""
     fig, ax = _axes(WIDE)
     for i, (label, history) in enumerate(curves):
         # step 0 (the untrained model) dwarfs the rest; a loss of null (nan in training) is no point
@@ -235,7 +236,7 @@ def val_curves(path, curves, ylabel="val loss (train.py's eval)"):
     _log_steps(ax, [point[0] for _, history in curves for point in history if point[0] > 0])
     ax.set_xlabel("step")
     ax.set_ylabel(ylabel)
-    ax.set_title(f"{ylabel.split(' (')[0]} during training (first seed)", fontsize=10)
+    ax.set_title(f"{ylabel.split(' (')[0]} during training ({seeds})", fontsize=10)
     ax.grid(alpha=0.3)
     _legend_beside(ax)
     return _save(fig, path)

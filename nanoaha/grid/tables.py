@@ -36,6 +36,7 @@ def collect(job, status=None):
         "wall_s": summary.get("train_wall_s") or (sum(train_wall) if train_wall else summary.get("wall_s")),
         "val_history": summary.get("val_history") or [],
         "key_history": summary.get("key_history") or [],
+        "copy_history": summary.get("copy_history") or [],  # train.py's repeat probe, since 2026-12-04
         "per_layer_routing": per_layer_routing(result),
     }
 

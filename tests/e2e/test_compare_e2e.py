@@ -40,6 +40,7 @@ def test_grid_runs_skips_what_is_complete_resumes_what_is_not_and_writes_the_rec
             "heatmap_routed.png"} <= files
     assert ("key_curves.png" in files) == ("![key-token loss curves](key_curves.png)" in
                                            open(os.path.join(records, record, "README.md")).read())
+    assert "copy_curves.png" in files and "(copy_curves.png)" in open(os.path.join(records, record, "README.md")).read()
     table = open(os.path.join(records, record, "table.md")).read()
     assert "| broken | GG | 0 of 1 (seed 1 failed: train.py exited with 1" in table and "**Incomplete**" in table
     assert table_cells(table)["routed vs local"][1] == "routed - local" and "(1 seed)" in table_cells(table)["routed vs local"][2]

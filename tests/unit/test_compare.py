@@ -328,6 +328,11 @@ def test_val_curves_of_a_fine_tuned_run_start_after_the_run_it_starts_from():
     rows[1].results[0]["key_history"] = [[0, None, 2.5], [25, 2.0, 2.4]]
     assert compare.val_curves(jobs, rows, "key_history") == [("dense_half", []),
                                                              ("finetuned (after dense_half)", [[50, None], [75, 2.0]])]
+    # copy gain: from the first seed that has it (seed 1 trained before the probe), named
+    rows[1].results.append(result(2, 2.1, copy_history=[[0, 0.0, [0.0]], [50, 0.3, [0.1]]]))
+    assert compare.val_curves(jobs, rows, "copy_history") == [("dense_half (seed 1)", []),
+                                                              ("finetuned (after dense_half) (seed 2)",
+                                                               [[50, 0.0], [100, 0.3]])]
 
 
 def test_the_committed_grids_plan(tmp_path):
