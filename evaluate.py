@@ -12,7 +12,8 @@ JSON goes to OUT_DIR/<run>.json and the table to OUT_DIR/eval.md; without it, ea
 checkpoint as eval.json and the table is only printed.
 
 Each JSON records the settings that decide its numbers ("settings": data_dir, eval_tokens, thresholds,
-router_threshold, context_length, batch_size, max_examples, key_k, dtype). A JSON written with other settings is
+router_threshold, context_length, batch_size, max_examples, key_k, key_window, dtype; one added later reads as
+the value it was evaluated at). A JSON written with other settings is
 never replaced silently: evaluate.py refuses, before evaluating anything, unless told --overwrite (or write the
 new evaluation elsewhere with --out_dir). A grid run's eval.json belongs to its grid: compare.py re-evaluates a run
 whose eval.json has other settings than the grid's (docs/evaluation.md).
@@ -24,9 +25,9 @@ import sys
 from nanoaha.atomic_files import atomic_write, write_json
 from nanoaha.configurator import paths_and_settings
 from nanoaha.key_tokens import check_key_k
-from nanoaha.evaluation import (SETTINGS, EvalConfig, check_thresholds, eval_settings, evaluate_checkpoint,
-                                find_checkpoints, format_result, markdown_table, run_name, threshold_list,
-                                trained_data_dir)
+from nanoaha.evaluation import (SETTINGS, EvalConfig, check_key_window, check_thresholds, eval_settings,
+                                evaluate_checkpoint, find_checkpoints, format_result, markdown_table,
+                                recorded_settings, run_name, threshold_list, trained_data_dir)
 
 
 def check_replace(path, settings, overwrite):
@@ -35,8 +36,8 @@ def check_replace(path, settings, overwrite):
         return
     try:
         with open(path) as f:
-            old = json.load(f).get("settings")
-    except (json.JSONDecodeError, AttributeError, UnicodeDecodeError):
+            old = recorded_settings(json.load(f))
+    except (json.JSONDecodeError, UnicodeDecodeError):
         old = None
     if old == settings:
         return
@@ -54,6 +55,7 @@ def main(argv):
     try:
         check_thresholds(thresholds)
         check_key_k(cfg.key_k)
+        check_key_window(cfg.key_window)
         checkpoints = find_checkpoints(paths)
         names = [run_name(path) for path in checkpoints]
         if cfg.out_dir and len(set(names)) < len(names):
@@ -70,7 +72,7 @@ def main(argv):
             result = evaluate_checkpoint(
                 path, data_dir, thresholds, context_length=cfg.context_length, eval_tokens=cfg.eval_tokens,
                 batch_size=cfg.batch_size, device=cfg.device, dtype=cfg.dtype, router_threshold=cfg.router_threshold,
-                max_examples=cfg.max_examples, key_k=cfg.key_k, log=print)
+                max_examples=cfg.max_examples, key_k=cfg.key_k, key_window=cfg.key_window, log=print)
             print(format_result(result, cfg.dtype))
             write_result({**result, "settings": settings}, target)
             results.append(result)

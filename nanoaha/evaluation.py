@@ -43,6 +43,7 @@ class EvalConfig:
     batch_size: int = 8
     max_examples: int = 500                 # synthetic tasks: the accuracy report's val examples
     key_k: int = 0                          # key tokens: k-gram length of a copy; 0: 8 byte-level, 4 BPE
+    key_window: int = 0                     # key tokens: copies from beyond this window; 0: each model's own
     router_threshold: float | None = None   # evaluate at this threshold instead of the trained one
     device: str = "auto"
     dtype: str = "float32"                  # evaluation precision and the KV cache's element size
@@ -50,7 +51,15 @@ class EvalConfig:
 
 
 SETTINGS = ("data_dir", "eval_tokens", "thresholds", "router_threshold", "context_length", "batch_size",
-            "max_examples", "key_k", "dtype")  # what decides an evaluation's numbers; device and out_dir do not
+            "max_examples", "key_k", "key_window", "dtype")  # what decides the numbers; device and out_dir do not
+ADDED_SETTINGS = {"key_window": 0}  # settings added later: a JSON written before one was evaluated at this value
+
+
+def recorded_settings(result):
+    """The settings an evaluation JSON records, a setting added since it was written read as the value it was
+    evaluated at; None where it records none (or is not an evaluation)."""
+    settings = result.get("settings") if isinstance(result, dict) else None
+    return {**ADDED_SETTINGS, **settings} if isinstance(settings, dict) else None
 
 
 def eval_settings(cfg, data_dir):
@@ -60,6 +69,12 @@ def eval_settings(cfg, data_dir):
     values = {**{key: getattr(cfg, key) for key in SETTINGS}, "data_dir": os.path.abspath(data_dir),
               "thresholds": [float(t) for t in threshold_list(cfg.thresholds)]}
     return json.loads(json.dumps(values))
+
+
+def check_key_window(key_window):
+    if key_window < 0:
+        raise ValueError(f"key_window={key_window}: give the window key tokens lie beyond (>= 1), or 0 for each "
+                         f"model's own")
 
 
 def threshold_list(thresholds):
@@ -136,12 +151,13 @@ def rng_devices(model):
     return [device] if device.type == "cuda" else []
 
 
-def label_key_tokens(batches, config, vocab_size, key_k=0):
+def label_key_tokens(batches, config, vocab_size, key_k=0, key_window=0):
     """The key-token labels of the batches' targets ((B, T) bool per batch) for a model of config, its window
-    and sinks (a dense model's config has a window too: the labels are the text's), and the k used (key_k 0:
-    the corpus' default, from its vocab_size)."""
+    (or key_window, when not 0: one label set for models of several windows) and sinks (a dense model's config
+    has a window too: the labels are the text's), and the k used (key_k 0: the corpus' default, from its
+    vocab_size)."""
     k = resolve_key_k(key_k, vocab_size)
-    return [batch_key_labels(x, y, k, config.window, config.n_sink) for x, y in batches], k
+    return [batch_key_labels(x, y, k, key_window or config.window, config.n_sink) for x, y in batches], k
 
 
 def target_losses(logits, targets):
@@ -375,16 +391,18 @@ def json_ready(value):
 
 def evaluate_checkpoint(path, data_dir="", thresholds=DEFAULT_THRESHOLDS, context_length=0,
                         eval_tokens=DEFAULT_EVAL_TOKENS, batch_size=8, device="cpu", dtype="float32",
-                        router_threshold=None, max_examples=500, key_k=0, log=None):
+                        router_threshold=None, max_examples=500, key_k=0, key_window=0, log=None):
     """Everything evaluate.py reports about one checkpoint, as the JSON-ready dict it writes (README:
     "Evaluating and pruning"). data_dir "": the corpus the checkpoint was trained on. context_length 0: the
     model's block_size. dtype: the evaluation's precision and the KV cache's element size. key_k: the key-token
-    rule's k (0: the corpus' default; nanoaha/key_tokens.py). log: called with
+    rule's k (0: the corpus' default; nanoaha/key_tokens.py); key_window: the window the key tokens lie beyond
+    (0: the model's). log: called with
     each line worth printing (what was evaluated on what, and warnings)."""
     check_thresholds(thresholds)
     if router_threshold is not None:
         check_thresholds([router_threshold])
     check_key_k(key_k)
+    check_key_window(key_window)
     device = pick_device(device)
     torch_dtype = pick_dtype(dtype, device)
     autocast = autocast_context(device, torch_dtype)
@@ -407,7 +425,7 @@ def evaluate_checkpoint(path, data_dir="", thresholds=DEFAULT_THRESHOLDS, contex
                 f"distinct windows of {config.block_size} tokens ({n_windows * config.block_size:,} tokens)")
         for note in data_notes(config, trained_on, data.meta):
             log(note)
-    labels, k = label_key_tokens(batches, config, data.meta["vocab_size"], key_k)
+    labels, k = label_key_tokens(batches, config, data.meta["vocab_size"], key_k, key_window)
     key_counts = {}
     losses, stats = evaluate_losses(model, batches, autocast, key_labels=labels, key_counts=key_counts)
     loss = losses["val_loss"]
@@ -417,7 +435,7 @@ def evaluate_checkpoint(path, data_dir="", thresholds=DEFAULT_THRESHOLDS, contex
         "model_config": dataclasses.asdict(config), "data_dir": data_dir, "encoding": data.meta.get("encoding"),
         "eval_tokens": n_windows * config.block_size,
         "val_loss": loss, "perplexity": math.exp(loss), "bits_per_byte": loss / math.log(2) if byte_level else None,
-        **losses, "key_tokens": {"k": k, "window": config.window, "n_sink": config.n_sink},
+        **losses, "key_tokens": {"k": k, "window": key_window or config.window, "n_sink": config.n_sink},
         **routing_summary(stats, config.kinds),
         **kv_cache_summary(config, context_length, torch.finfo(torch_dtype).bits // 8),
         "threshold_sweep": threshold_sweep(model, batches, thresholds, autocast, labels),

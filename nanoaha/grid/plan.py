@@ -186,8 +186,9 @@ def grid_eval_settings(grid, tcfg):
 def evaluation_with(out_dir, settings):
     """out_dir's eval.json when it records these settings (None: any); else None: missing, unreadable, or
     written by another evaluate command (evaluate.py --overwrite)."""
+    from nanoaha.evaluation import recorded_settings  # evaluate.py's settings (as grid_eval_settings)
     result = read_json(eval_json(out_dir))
-    if not isinstance(result, dict) or (settings is not None and result.get("settings") != settings):
+    if not isinstance(result, dict) or (settings is not None and recorded_settings(result) != settings):
         return None
     return result
 

@@ -151,6 +151,12 @@ def test_key_and_other_loss_split_the_val_loss_on_the_same_windows(runs):
         out = model(x, y)
         losses = F.cross_entropy(out.logits.transpose(1, 2), y, reduction="none")
     assert share == pytest.approx(labels.float().mean().item())
+    # one label set for models of several windows: the copies from beyond a window of 30, not the model's 8
+    # (a line is ~28 bytes: a copy from the line before is within 30)
+    wide = evaluated(runs.routed, key_k=2, key_window=30, thresholds=())
+    assert wide["key_tokens"] == {"k": 2, "window": 30, "n_sink": 0} and wide["val_loss"] == result["val_loss"]
+    wide_labels = key_token_labels(torch.cat([x, y[:, -1:]], 1), 2, 30, 0)
+    assert wide["key_frac"] == pytest.approx(wide_labels.float().mean().item()) and wide["key_frac"] < share
     # the routers against the key labels: layer 0 (a token any head sent global) and its head 1, by hand
     report = {(row["layer"], row["head"]): row for row in result["key_routing"]}
     assert len(report) == sum(g is not None for g in out.gates) * (1 + model.config.n_head)

@@ -32,7 +32,7 @@ def test_evaluate_refuses_to_replace_an_evaluation_written_with_other_settings(t
     first = open(path).read()
     assert json.loads(first)["settings"]["eval_tokens"] == 64
     for changed in ([f"--data_dir={other}"], ["--eval_tokens=128"], ["--dtype=bfloat16"], ["--thresholds=0.5"],
-                    ["--key_k=3"]):
+                    ["--key_k=3"], ["--key_window=4"]):
         with pytest.raises(SystemExit) as e:
             evaluate.main([run, *FAST, *changed])
         message = str(e.value.code)
@@ -42,6 +42,15 @@ def test_evaluate_refuses_to_replace_an_evaluation_written_with_other_settings(t
     evaluate.main([run, *FAST, f"--data_dir={other}", "--overwrite"])
     assert json.load(open(path))["settings"]["data_dir"] == os.path.abspath(other)
     written = json.load(open(path))
+    del written["settings"]["key_window"]
+    write_json(path, written)  # an evaluation from before key_window: it was evaluated at its default, 0
+    evaluate.main([run, *FAST, f"--data_dir={other}"])
+    assert json.load(open(path))["settings"]["key_window"] == 0
+    written = json.load(open(path))
+    del written["settings"]["key_window"]
+    write_json(path, written)
+    with pytest.raises(SystemExit, match=r"other key_window \(0, not 4\).*--overwrite"):
+        evaluate.main([run, *FAST, f"--data_dir={other}", "--key_window=4"])
     del written["settings"]["key_k"]
     write_json(path, written)  # an evaluation from before key tokens: its numbers are other settings'
     with pytest.raises(SystemExit, match=r"other key_k \(None, not 0\).*--overwrite"):
@@ -68,6 +77,9 @@ def test_compare_reads_only_the_evaluation_its_grid_asked_for(tmp_path, prepared
                                                             "started": "x", "wall_s": 1.0, "returncode": 0}])
     ours = json.load(open(os.path.join(job.out_dir, "eval.json")))
     assert grid_evaluation(job) == ours and eval_state(job, grid) == "skip"
+    before_key_window = {**ours, "settings": {k: v for k, v in ours["settings"].items() if k != "key_window"}}
+    write_json(os.path.join(job.out_dir, "eval.json"), before_key_window)  # evaluated before key_window existed
+    assert grid_evaluation(job) == before_key_window and eval_state(job, grid) == "skip"  # still the grid's
     assert collect(job)["val_loss"] == ours["val_loss"]
     assert [collect(job)[key] for key in ("key_loss", "other_loss", "key_frac")] == \
         [ours["key_loss"], ours["other_loss"], ours["key_frac"]]  # kept in rows.json for tables to come
