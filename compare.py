@@ -178,7 +178,7 @@ def write_record(grid, jobs, rows, table, cfg, argv, started, elapsed, taken=Non
     copy_curves = val_curves(jobs, rows, "copy_history")
     if any(points for _, points in copy_curves):
         plots.val_curves(os.path.join(record, "copy_curves.png"), copy_curves,
-                         "copy gain, nats (train.py's repeat probe)", seeds="a seed with the probe")
+                         "copy gain (nats; train.py's repeat probe)", seeds="a seed with the probe")
     along = along_training(record, grid, jobs, rows)
     heatmaps = []
     for row in rows:
