@@ -24,8 +24,9 @@ everything by 0.22 and learned routing tied dense at a quarter of its attention;
 there?) with two router changes at LG's cost (results/2026-12-04_stdlib_live_3: LR beats dense at a fifth of its
 attention, neither change finds the local first layer); seed 3 of local and LG (results/2026-12-04_stdlib_live_4);
 seed 3 of dense, routed and LR and LR's fixed counterpart, one global head (results/2026-12-04_stdlib_live_5);
-then the window ladder (w = 64 and 128 were started in out/ at the end of that session), routed_at_LG and GL at
-seed 3, random routing and fine-tuning.
+the window ladder's w = 64 and 128 at seed 1 (results/2026-12-04_stdlib_live_6; its key-token columns label each
+local run's own window, the record adds the key tokens beyond 32 with evaluate.py --key_window=32); then
+routed_at_LG and GL at seed 3, random routing, fine-tuning and w = 8 and 16.
 Runs trained since results/2026-12-04_stdlib_live_5 also log the repeat probe's copy gain at every evaluation.
 """
 base = ["configs/quickstart.py"]
@@ -59,8 +60,8 @@ runs = {
     #                       "trainable": "router"},
     # "local_w8": {"schedule": "L", "window": 8},
     # "local_w16": {"schedule": "L", "window": 16},
-    # "local_w64": {"schedule": "L", "window": 64},
-    # "local_w128": {"schedule": "L", "window": 128},
+    "local_w64": {"schedule": "L", "window": 64},
+    "local_w128": {"schedule": "L", "window": 128},
 }
 comparisons = {
     "dense vs local": ("dense", "local"),
@@ -71,8 +72,8 @@ comparisons = {
     # "learned vs random routing, same per-layer rates": ("routed", "random_matched"),
     # "fine-tuned vs from scratch, equal tokens": ("finetuned", "routed"),
     # "only the routers trained vs their dense start": ("finetuned_routers", "dense_half"),
-    # "dense vs local at w = 128": ("dense", "local_w128"),
-    # "LG vs local at w = 128": ("LG", "local_w128"),
+    "dense vs local at w = 128": ("dense", "local_w128"),
+    "LG vs local at w = 128": ("LG", "local_w128"),
     "local first layer: LG vs GL": ("LG", "GL"),
     "routing the second layer only vs LG": ("LR", "LG"),
     "LR vs one fixed global head in its routed layer": ("LR", "LR_one_global_head"),
