@@ -23,7 +23,7 @@ from model import apply_rotary
 from nanoaha.checkpoint import load_model
 from nanoaha.device import autocast_context, pick_dtype
 from nanoaha.evaluation import eval_data, trained_data_dir
-from nanoaha.kernels.reference import causal_mask, local_mask
+from nanoaha.kernels.reference import attention_weights, causal_mask, local_mask
 
 DEFAULT_SPAN = 256
 DEFAULT_N_SPANS = 32
@@ -59,8 +59,7 @@ def layer_weights(attn, x, cos, sin, hard):
         mask = local
     else:
         mask = torch.where(hard[..., None], causal, local)
-    scores = (q @ k.transpose(-1, -2)) * attn.head_dim ** -0.5
-    return scores.masked_fill(~mask, float("-inf")).softmax(-1)
+    return attention_weights(q, k, mask)
 
 
 def head_sums(weights, span, window, hard=None):
@@ -169,9 +168,9 @@ def probe_checkpoint(path, data_dir="", span=DEFAULT_SPAN, n_spans=DEFAULT_N_SPA
 def training_spans(data, block_size, window, n_spans):
     """The probe sequences of train.py's evaluations: n_spans val spans (fewer where the val split is short) of
     min(DEFAULT_SPAN, block_size // 2) tokens; None where no span longer than the window fits or n_spans is 0."""
-    span = min(DEFAULT_SPAN, block_size // 2)
-    n_spans = min(n_spans, len(data.tokens("val")) // span) if span > window else 0
-    return probe_sequences(data.tokens("val"), span, n_spans) if n_spans else None
+    span, tokens = min(DEFAULT_SPAN, block_size // 2), data.tokens("val")
+    n_spans = min(n_spans, len(tokens) // span) if span > window else 0
+    return probe_sequences(tokens, span, n_spans) if n_spans else None
 
 
 def probe_during_training(model, sequences, autocast=None):

@@ -29,12 +29,17 @@ def causal_mask(T, device=None):
     return t[None, :] <= t[:, None]
 
 
-def masked_attention(q, k, v, mask):
-    """softmax(q k^T / sqrt(D) masked) v, computed in fp32 and returned in q's dtype."""
+def attention_weights(q, k, mask):
+    """softmax(q k^T / sqrt(D) masked), in fp32 (or q's wider dtype): (..., Tq, S)."""
     acc = torch.promote_types(q.dtype, torch.float32)
     scores = (q.to(acc) @ k.to(acc).transpose(-1, -2)) * q.shape[-1] ** -0.5
-    scores = scores.masked_fill(~mask, float("-inf"))
-    return (scores.softmax(-1) @ v.to(acc)).to(q.dtype)
+    return scores.masked_fill(~mask, float("-inf")).softmax(-1)
+
+
+def masked_attention(q, k, v, mask):
+    """softmax(q k^T / sqrt(D) masked) v, computed in fp32 and returned in q's dtype."""
+    weights = attention_weights(q, k, mask)
+    return (weights @ v.to(weights.dtype)).to(q.dtype)
 
 
 def reference_attention(q, k, v, kind, window, n_sink=0, gate=None, mode="exact"):
