@@ -47,6 +47,8 @@ class GPTConfig:
                                     # routers that went local still learn what global would have given
     router_sees_local: bool = False  # each head's router also reads that head's local attention output (what
                                     # the window already found), not only the layer input
+    router_per_token: bool = True   # False: one learned decision per head for every token, p = sigmoid(b_h)
+                                    # with no input (a per-head schedule the model learns)
     routed_mode: str = "exact"      # 'exact': full + local for every token; 'sparse': full only where gated
     attention_backend: str = "auto"
     rope_base: float = 10000.0
@@ -97,7 +99,8 @@ def apply_rotary(x, cos, sin):
 
 class Router(nn.Module):
     """Per-head All-or-Here router: p = sigmoid(W x + b) for each head, gate = p >= threshold; with
-    router_sees_local, p = sigmoid(W x + b + u_h . o_h), o_h the head's local attention output at the token.
+    router_sees_local, p = sigmoid(W x + b + u_h . o_h), o_h the head's local attention output at the token;
+    without router_per_token, p = sigmoid(b_h) for every token of head h (no W: the decision reads no input).
     The returned gate holds the hard 0/1 decision in the forward pass and the gradient of p in the
     backward pass (straight-through estimator: g = hard + p - p.detach())."""
 
@@ -106,14 +109,19 @@ class Router(nn.Module):
         self.config = config
         # built without drawing from the RNG (reset_parameters sets it): a model with routers then gets, seed for
         # seed, the backbone init of the same model without them, so a grid's rows differ in routing, not in init
-        self.logits = nn.utils.skip_init(nn.Linear, config.n_embd, config.n_head, bias=True)
+        self.logits = nn.utils.skip_init(nn.Linear, config.n_embd, config.n_head, bias=True) \
+            if config.router_per_token else None
+        self.bias = None if config.router_per_token else nn.Parameter(torch.empty(config.n_head))
         head_dim = config.n_embd // config.n_head
         self.local_weight = nn.Parameter(torch.empty(config.n_head, head_dim)) if config.router_sees_local else None
 
     def forward(self, x, threshold=None, force_global=False, local=None):
         """threshold: None for the trained one (config.router_threshold). local: (B, H, T, D) the heads' local
         attention outputs, with router_sees_local."""
-        logits = self.logits(x).float().transpose(1, 2)  # (B, H, T)
+        if self.logits is not None:
+            logits = self.logits(x).float().transpose(1, 2)  # (B, H, T)
+        else:
+            logits = self.bias.float().view(1, -1, 1).expand(x.shape[0], -1, x.shape[1])
         if self.local_weight is not None:
             logits = logits + torch.einsum("bhtd,hd->bht", local.float(), self.local_weight.float())
         p = torch.sigmoid(logits)
@@ -126,6 +134,9 @@ class Router(nn.Module):
         return hard, gate + (p - p.detach()) if torch.is_grad_enabled() else gate, p  # no gradient: no STE ops
 
     def reset_parameters(self):
+        if self.logits is None:
+            nn.init.constant_(self.bias, self.config.router_init_bias)
+            return
         nn.init.normal_(self.logits.weight, std=self.config.router_init_std) if self.config.router_init_std \
             else nn.init.zeros_(self.logits.weight)
         nn.init.constant_(self.logits.bias, self.config.router_init_bias)
@@ -499,6 +510,9 @@ def check_model_config(cfg):
         raise ValueError(f"n_sink={cfg.n_sink} must be between 0 and window={cfg.window}")
     if cfg.routing not in ("learned", "random"):
         raise ValueError(f"routing={cfg.routing!r}: use 'learned' or 'random'")
+    if not cfg.router_per_token and (cfg.router_sees_local or cfg.router_init_std > 0):
+        raise ValueError("router_per_token=False decides per head from no input: it has no router_sees_local and "
+                         "no weights for router_init_std; drop those settings")
     if not 0.0 <= cfg.router_explore <= 1.0:
         raise ValueError(f"router_explore={cfg.router_explore} must be a fraction in [0, 1]")
     if cfg.routed_mode not in ("exact", "sparse"):

@@ -342,6 +342,67 @@ def test_a_router_that_sees_the_local_output_matches_the_reference_backend(mode)
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-3, atol=1e-5, msg=name)
 
 
+def per_head_and_token_routers(bias, **cfg):
+    """A model with per-head routers and the same model with token routers whose weights are zero, both with
+    these router biases (one per head, every routed layer) and the same backbone."""
+    models = []
+    for per_token in (False, True):
+        torch.manual_seed(0)
+        model = GPT(small_config(router_per_token=per_token, **cfg))
+        with torch.no_grad():
+            for block in model.blocks:
+                if block.attn.router is not None:
+                    (block.attn.router.logits.bias if per_token else block.attn.router.bias).copy_(bias)
+        models.append(model)
+    return models
+
+
+def test_a_per_head_router_is_a_token_router_without_weights():
+    """router_per_token=False: one parameter per head, p = sigmoid(b_h) for every token and sequence; its loss,
+    gates and bias gradient (LM loss through the STE plus the penalty) are those of a token router whose W is
+    zero, which is what it is; the backbone init is the router-less model's."""
+    bias = torch.tensor([1.5, -0.7])
+    per_head, per_token = per_head_and_token_routers(bias, schedule="RL")
+    router = per_head.blocks[0].attn.router
+    assert [n for n, _ in router.named_parameters()] == ["bias"] and router.bias.shape == (2,)
+    x = tokens()
+    out, ref = per_head(x, x, penalty_weight=0.3), per_token(x, x, penalty_weight=0.3)
+    assert torch.equal(out.gates[0], (bias >= 0).view(1, 2, 1).expand_as(out.gates[0]))
+    assert torch.equal(out.probs[0], torch.sigmoid(bias).view(1, 2, 1).expand_as(out.probs[0]))
+    torch.testing.assert_close(out.loss, ref.loss)
+    out.loss.backward()
+    ref.loss.backward()
+    assert router.bias.grad.abs().min() > 0
+    torch.testing.assert_close(router.bias.grad, per_token.blocks[0].attn.router.logits.bias.grad)
+    torch.manual_seed(0)
+    local = GPT(small_config(schedule="LL"))
+    shared = {k: v for k, v in per_head.state_dict().items() if "router" not in k}
+    assert all(torch.equal(v, local.state_dict()[k]) for k, v in shared.items())
+
+
+@pytest.mark.parametrize("mode", ["exact", "sparse"])
+def test_a_per_head_router_computes_what_the_reference_masks_give_and_decodes_from_the_cache(mode):
+    """One head global and one local in each routed layer: the torch backend's logits and gradients equal the
+    reference's explicit masks; token by token with the KV cache, the logits equal one forward's."""
+    bias = torch.tensor([-2.0, 2.0])
+    fast, _ = per_head_and_token_routers(bias, schedule="RR", routed_mode=mode)
+    ref, _ = per_head_and_token_routers(bias, schedule="RR", routed_mode=mode, attention_backend="reference")
+    x = tokens()
+    out_fast, out_ref = fast(x, x), ref(x, x)
+    torch.testing.assert_close(out_fast.logits, out_ref.logits, rtol=1e-4, atol=1e-4)
+    out_fast.loss.backward()
+    out_ref.loss.backward()
+    for (name, a), b in zip(fast.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-3, atol=1e-5, msg=name)
+    fast.eval()
+    with torch.no_grad():
+        whole = fast(x, torch.zeros_like(x)).logits
+        cache = fast.new_cache()
+        steps = [fast(x[:, :10], cache=cache).logits[:, -1]]
+        steps += [fast(x[:, t:t + 1], cache=cache).logits[:, -1] for t in range(10, x.shape[1])]
+    torch.testing.assert_close(torch.stack(steps, 1), whole[:, 9:], rtol=1e-4, atol=1e-4)
+
+
 def test_a_pruned_model_generates_from_a_window_cache():
     torch.manual_seed(0)
     cfg = small_config(schedule="RR", router_init_std=2.0, n_sink=2)
@@ -373,7 +434,8 @@ def test_local_layer_cache_keeps_only_window_and_sinks():
 
 def test_config_rejects_bad_values():
     for bad in ({"window": 0}, {"window": 100}, {"n_sink": 9}, {"schedule": "RX"}, {"routing": "coin"},
-                {"n_embd": 30}):
+                {"n_embd": 30}, {"router_per_token": False, "router_sees_local": True},
+                {"router_per_token": False, "router_init_std": 0.5}):
         with pytest.raises(ValueError):
             small_config(**bad)
 
