@@ -200,7 +200,8 @@ def write_record(grid, jobs, rows, table, cfg, argv, started, elapsed, taken=Non
              "![val loss against attention FLOPs](pareto.png)", "",
              *(["![key-token loss against attention FLOPs](pareto_key_tokens.png)", ""] if has_key_losses(rows)
                else []),
-             "![global fraction against window](window.png)", "",
+             *(["![global fraction against window](window.png)", ""]
+               if os.path.exists(os.path.join(record, "window.png")) else []),
              "![val loss curves](val_curves.png)", "",
              *(["![key-token loss curves](key_curves.png)", ""]
                if os.path.exists(os.path.join(record, "key_curves.png")) else []),

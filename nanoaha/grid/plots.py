@@ -141,16 +141,21 @@ def _pareto_points(ax, rows, colors, references=None, loss_in_legend=True, metri
 
 
 def window(path, groups):
-    """Global fraction against window for runs that differ only in window. groups: [[(window, row), ...]]."""
+    """Global fraction against window for runs that differ only in window. groups: [[(window, row), ...]].
+    Draws nothing and returns None where no group has a routed row (a ladder of local runs has no global
+    fraction)."""
+    labels = [" / ".join(row.run for _, row in group) for group in groups]
+    groups = [[(w, row.stat("global_frac")) for w, row in group if row.stat("global_frac")] for group in groups]
+    if not any(groups):
+        return None
     fig, ax = _axes()
     windows = set()
-    for group in groups:
-        points = [(w, row.stat("global_frac")) for w, row in group if row.stat("global_frac")]
+    for points, label in zip(groups, labels):
         windows |= {w for w, _ in points}
         if points:
             ax.errorbar([w for w, _ in points], [s[0] for _, s in points], fmt="o-", capsize=2,
                         yerr=[[s[0] - s[1] for _, s in points], [s[2] - s[0] for _, s in points]],
-                        label=" / ".join(row.run for _, row in group))
+                        label=label)
     ax.set_xscale("log", base=2)
     ax.set_xticks(sorted(windows), [str(w) for w in sorted(windows)])
     ax.minorticks_off()
@@ -159,8 +164,7 @@ def window(path, groups):
     ax.set_ylabel("global fraction (routed layers)")
     ax.set_title("how much global attention the routers ask for, by window", fontsize=10)
     ax.grid(alpha=0.3)
-    if ax.has_data():
-        ax.legend(fontsize=7)
+    ax.legend(fontsize=7)
     return _save(fig, path)
 
 

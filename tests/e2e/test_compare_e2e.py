@@ -36,8 +36,9 @@ def test_grid_runs_skips_what_is_complete_resumes_what_is_not_and_writes_the_rec
     (record,) = os.listdir(records)
     assert record.endswith("_two")
     files = set(os.listdir(os.path.join(records, record)))
-    assert {"README.md", "table.md", "two.py", "pareto.png", "window.png", "val_curves.png",
-            "heatmap_routed.png"} <= files
+    assert {"README.md", "table.md", "two.py", "pareto.png", "val_curves.png", "heatmap_routed.png"} <= files
+    assert "window.png" not in files  # no two runs differ only in window: no empty plot, no link
+    assert "(window.png)" not in open(os.path.join(records, record, "README.md")).read()
     assert ("key_curves.png" in files) == ("![key-token loss curves](key_curves.png)" in
                                            open(os.path.join(records, record, "README.md")).read())
     assert "copy_curves.png" in files and "(copy_curves.png)" in open(os.path.join(records, record, "README.md")).read()

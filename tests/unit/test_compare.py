@@ -253,6 +253,8 @@ def test_plots_are_small_pngs_drawn_from_the_rows(tmp_path):
     raw, label = plots._losses(rows, {})
     assert label == "val loss" and raw["routed"][0] == pytest.approx((2.115, 2.11, 2.12))
     assert plots._loss_ceiling(raw, {}) is None
+    assert plots.window(tmp_path / "ladder.png", [[(32, rows[0]), (64, rows[0])]]) is None  # no routed row: no plot
+    assert not (tmp_path / "ladder.png").exists()
     ax = plots.window(tmp_path / "window.png", [[(32, routed), (64, wide)]]).axes[0]
     assert ax.get_xscale() == "log" and [t.get_text() for t in ax.get_xticklabels()] == ["32", "64"]
     (group,) = ax.containers
