@@ -25,8 +25,10 @@ there?) with two router changes at LG's cost (results/2026-12-04_stdlib_live_3: 
 attention, neither change finds the local first layer); seed 3 of local and LG (results/2026-12-04_stdlib_live_4);
 seed 3 of dense, routed and LR and LR's fixed counterpart, one global head (results/2026-12-04_stdlib_live_5);
 the window ladder's w = 64 and 128 at seed 1 (results/2026-12-04_stdlib_live_6; its key-token columns label each
-local run's own window, the record adds the key tokens beyond 32 with evaluate.py --key_window=32); then
-routed_at_LG and GL at seed 3, random routing, fine-tuning and w = 8 and 16.
+local run's own window, the record adds the key tokens beyond 32 with evaluate.py --key_window=32); w = 8 and 16
+at seed 1 and the learned per-head schedule (router_per_token=False) at LG's cost and in LR's routed layer, seeds
+1 and 2 (results/2026-12-05_stdlib_live); then routed_at_LG and GL at seed 3, random routing, fine-tuning,
+the ladder's seeds 2 and 3, and the per-head rows' seed 3.
 Runs trained since results/2026-12-04_stdlib_live_5 also log the repeat probe's copy gain at every evaluation.
 """
 base = ["configs/quickstart.py"]
@@ -51,6 +53,11 @@ runs = {
                                 "seeds": [2]},
     "routed_at_LG_held_local": {"schedule": "R", "router_target_global": 0.5, "router_local_iters": 1000,
                                 "seeds": [2]},
+    # a learned per-head schedule: one decision per head for every token (router_per_token=False), the
+    # improvement LR_one_global_head points to (a fixed global head beat LR's token routing on both seeds)
+    "routed_per_head_at_LG": {"schedule": "R", "router_per_token": False, "router_target_global": 0.5,
+                              "seeds": [1, 2]},
+    "LR_per_head": {"schedule": "LR", "router_per_token": False, "router_lambda": 0.01, "seeds": [1, 2]},
     # (random_matched at [2, 3]: its rates come from routed's evaluation file,
     # which seed 1 no longer has):
     # "random_matched": {"schedule": "R", "routing": "random", "random_global_q": "matched:routed", "seeds": [2, 3]},
@@ -58,8 +65,8 @@ runs = {
     # "finetuned": {"schedule": "R", "init_from": "run:dense_half", "max_iters": _half},
     # "finetuned_routers": {"schedule": "R", "init_from": "run:dense_half", "max_iters": _half,
     #                       "trainable": "router"},
-    # "local_w8": {"schedule": "L", "window": 8},
-    # "local_w16": {"schedule": "L", "window": 16},
+    "local_w8": {"schedule": "L", "window": 8},
+    "local_w16": {"schedule": "L", "window": 16},
     "local_w64": {"schedule": "L", "window": 64},
     "local_w128": {"schedule": "L", "window": 128},
 }
@@ -81,5 +88,9 @@ comparisons = {
     "at LG's cost, routers start all-local vs LG": ("routed_at_LG_init_local", "LG"),
     "at LG's cost, routers held local for 1000 steps vs not": ("routed_at_LG_held_local", "routed_at_LG"),
     "at LG's cost, routers held local for 1000 steps vs LG": ("routed_at_LG_held_local", "LG"),
+    "at LG's cost, per-head vs per-token routers": ("routed_per_head_at_LG", "routed_at_LG"),
+    "at LG's cost, per-head routers vs LG": ("routed_per_head_at_LG", "LG"),
+    "LR: per-head vs per-token routers": ("LR_per_head", "LR"),
+    "LR with per-head routers vs one fixed global head": ("LR_per_head", "LR_one_global_head"),
 }
 evaluate = {"eval_tokens": 65536}
