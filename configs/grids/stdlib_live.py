@@ -27,8 +27,8 @@ seed 3 of dense, routed and LR and LR's fixed counterpart, one global head (resu
 the window ladder's w = 64 and 128 at seed 1 (results/2026-12-04_stdlib_live_6; its key-token columns label each
 local run's own window, the record adds the key tokens beyond 32 with evaluate.py --key_window=32); w = 8 and 16
 at seed 1 and the learned per-head schedule (router_per_token=False) at LG's cost and in LR's routed layer, seeds
-1 and 2 (results/2026-12-05_stdlib_live); then routed_at_LG and GL at seed 3, random routing, fine-tuning,
-the ladder's seeds 2 and 3, and the per-head rows' seed 3.
+1 and 2 (results/2026-12-05_stdlib_live); w = 64 and 128 at seed 2 (results/2026-12-05_stdlib_live_2); then routed_at_LG and GL at seed 3, random routing, fine-tuning,
+the ladder's other seeds, and the per-head rows' seed 3.
 Runs trained since results/2026-12-04_stdlib_live_5 also log the repeat probe's copy gain at every evaluation.
 """
 base = ["configs/quickstart.py"]
@@ -67,8 +67,8 @@ runs = {
     #                       "trainable": "router"},
     "local_w8": {"schedule": "L", "window": 8},
     "local_w16": {"schedule": "L", "window": 16},
-    "local_w64": {"schedule": "L", "window": 64},
-    "local_w128": {"schedule": "L", "window": 128},
+    "local_w64": {"schedule": "L", "window": 64, "seeds": [1, 2]},
+    "local_w128": {"schedule": "L", "window": 128, "seeds": [1, 2]},
 }
 comparisons = {
     "dense vs local": ("dense", "local"),
