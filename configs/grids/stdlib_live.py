@@ -27,8 +27,9 @@ seed 3 of dense, routed and LR and LR's fixed counterpart, one global head (resu
 the window ladder's w = 64 and 128 at seed 1 (results/2026-12-04_stdlib_live_6; its key-token columns label each
 local run's own window, the record adds the key tokens beyond 32 with evaluate.py --key_window=32); w = 8 and 16
 at seed 1 and the learned per-head schedule (router_per_token=False) at LG's cost and in LR's routed layer, seeds
-1 and 2 (results/2026-12-05_stdlib_live); w = 64 and 128 at seed 2 (results/2026-12-05_stdlib_live_2); then routed_at_LG and GL at seed 3, random routing, fine-tuning,
-the ladder's other seeds, and the per-head rows' seed 3.
+1 and 2 (results/2026-12-05_stdlib_live); w = 64 and 128 at seed 2 (results/2026-12-05_stdlib_live_2); then
+routed_at_LG and GL at seed 3, random routing, fine-tuning, the ladder's other seeds, and the per-head rows'
+seed 3.
 Runs trained since results/2026-12-04_stdlib_live_5 also log the repeat probe's copy gain at every evaluation.
 """
 base = ["configs/quickstart.py"]
