@@ -6,8 +6,8 @@ changes at LG's cost; a per-head router), and what does a wider window buy inste
 
 Shape and data of the curves grid: stdlib bytes, 2 layers x 256 (4 heads of 64), T = 1024, w = 32, bf16 on the
 CPU; 5000 steps of 4 x 1024 tokens (20.5M tokens a run), cosine from 1e-3 to 1e-4 over the run; fine-tuning is
-2500 dense steps, then 2500 routed steps on a new schedule. Every run evaluates (and runs the repeat probe) every
-250 steps, so the record also has every row's learning curve. At two layers the fixed schedules with one global
+2500 dense steps, then 2500 routed steps on a new schedule. Every run evaluates every 250 steps (runs trained
+since results/2026-12-04_stdlib_live_5 also run the repeat probe there), so the record also has every row's learning curve. At two layers the fixed schedules with one global
 layer are LG and GL (LLLG and LLLLLG repeat to LL, local); routing at LG's attention cost aims at half of the
 routed decisions global.
 
@@ -15,7 +15,7 @@ routed decisions global.
     python compare.py configs/grids/stdlib_live.py [--from_record=results/<date>_stdlib_live]
 
 Budget (measured, two runs side by side on the 2-core CPU, one thread each): about 35 minutes a run for local,
-40 for LG, 45 for LR, 52-55 for dense and the routed rows, half that for a fine-tuning step's half; the whole
+40 for LG, 45 for LR, 52-55 for dense and the routed rows, 17-25 for each half of a fine-tuning row; the whole
 plan is about 25 process-hours, so it grows by session: each session's record keeps its finished runs
 (docs/grids.md, "A grid over several sessions") and the next continues from it with --from_record. Seed lists
 below say what has run; rows and seeds still to run are commented out. Seed 1 of the first five rows ran before
