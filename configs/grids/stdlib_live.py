@@ -7,9 +7,9 @@ changes at LG's cost; a per-head router), and what does a wider window buy inste
 Shape and data of the curves grid: stdlib bytes, 2 layers x 256 (4 heads of 64), T = 1024, w = 32, bf16 on the
 CPU; 5000 steps of 4 x 1024 tokens (20.5M tokens a run), cosine from 1e-3 to 1e-4 over the run; fine-tuning is
 2500 dense steps, then 2500 routed steps on a new schedule. Every run evaluates every 250 steps (runs trained
-since results/2026-12-04_stdlib_live_5 also run the repeat probe there), so the record also has every row's learning curve. At two layers the fixed schedules with one global
-layer are LG and GL (LLLG and LLLLLG repeat to LL, local); routing at LG's attention cost aims at half of the
-routed decisions global.
+since results/2026-12-04_stdlib_live_5 also run the repeat probe there), so the record also has every row's
+learning curve. At two layers the fixed schedules with one global layer are LG and GL (LLLG and LLLLLG repeat
+to LL, local); routing at LG's attention cost aims at half of the routed decisions global.
 
     python data/python_stdlib/prepare.py
     python compare.py configs/grids/stdlib_live.py [--from_record=results/<date>_stdlib_live]
