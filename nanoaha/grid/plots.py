@@ -145,12 +145,13 @@ def window(path, groups):
     Draws nothing and returns None where no group has a routed row (a ladder of local runs has no global
     fraction)."""
     labels = [" / ".join(row.run for _, row in group) for group in groups]
-    groups = [[(w, row.stat("global_frac")) for w, row in group if row.stat("global_frac")] for group in groups]
-    if not any(groups):
+    points_by_group = [[(w, row.stat("global_frac")) for w, row in group if row.stat("global_frac")]
+                       for group in groups]
+    if not any(points_by_group):
         return None
     fig, ax = _axes()
     windows = set()
-    for points, label in zip(groups, labels):
+    for points, label in zip(points_by_group, labels):
         windows |= {w for w, _ in points}
         if points:
             ax.errorbar([w for w, _ in points], [s[0] for _, s in points], fmt="o-", capsize=2,
