@@ -35,10 +35,10 @@ runs = {
     "LG": {"schedule": "LG", "seeds": [1, 2, 3]},
     "routed": {"schedule": "R", "router_lambda": 0.01, "seeds": [1, 2, 3]},
     # fine-tuning at equal total tokens: half the steps dense, then half routed (all weights, or the routers only)
-    "dense_half": {"schedule": "G", "max_iters": _half},  # next: seeds 2 and 3 of the three fine-tuning rows
-    "finetuned": {"schedule": "R", "init_from": "run:dense_half", "max_iters": _half},
+    "dense_half": {"schedule": "G", "max_iters": _half, "seeds": _core},
+    "finetuned": {"schedule": "R", "init_from": "run:dense_half", "max_iters": _half, "seeds": _core},
     "finetuned_routers": {"schedule": "R", "init_from": "run:dense_half", "max_iters": _half,
-                          "trainable": "router"},
+                          "trainable": "router", "seeds": _core},
     "routed_at_LG": {"schedule": "R", "router_target_global": 0.5, "seeds": _core},
     "GL": {"schedule": "GL", "seeds": [2]},  # next: [1, 2, 3]
     "LR": {"schedule": "LR", "router_lambda": 0.01, "seeds": [1, 2, 3]},
@@ -54,10 +54,10 @@ runs = {
     "routed_per_head_at_LG": {"schedule": "R", "router_per_token": False, "router_target_global": 0.5,
                               "seeds": _core},
     "LR_per_head": {"schedule": "LR", "router_per_token": False, "router_lambda": 0.01, "seeds": [1, 2]},
-    # next: a learned per-head schedule at the cost of one global head (1 of the 8 head decisions), against
+    # a learned per-head schedule at the cost of one global head (1 of the 8 head decisions), against
     # LR_one_global_head: does per-head routing find that layout (a local first layer, one copy head) by itself?
-    # "routed_per_head_one_head": {"schedule": "R", "router_per_token": False, "router_target_global": 0.125,
-    #                              "seeds": _core},
+    "routed_per_head_one_head": {"schedule": "R", "router_per_token": False, "router_target_global": 0.125,
+                                 "seeds": [1, 2]},  # next: seed 3
     # random routing at routed's per-layer rates; seeds 2 and 3 only: the rates come from routed's evaluation file,
     # which seed 1 no longer has
     "random_matched": {"schedule": "R", "routing": "random", "random_global_q": "matched:routed", "seeds": [2, 3]},
@@ -88,7 +88,7 @@ comparisons = {
     "at LG's cost, per-head routers vs LG": ("routed_per_head_at_LG", "LG"),
     "LR: per-head vs per-token routers": ("LR_per_head", "LR"),
     "LR with per-head routers vs one fixed global head": ("LR_per_head", "LR_one_global_head"),
-    # "at one head's cost, learned per-head routing vs one fixed global head":
-    #     ("routed_per_head_one_head", "LR_one_global_head"),
+    "at one head's cost, learned per-head routing vs one fixed global head":
+        ("routed_per_head_one_head", "LR_one_global_head"),
 }
 evaluate = {"eval_tokens": 65536}
