@@ -15,9 +15,13 @@ FIGSIZE, WIDE, DPI = (6.4, 4.2), (8.4, 4.6), 100  # WIDE: room for a legend of u
 MARKERS = {"fixed": "s", "random": "^", "routed": "o"}
 
 
+# tab20 first (what a grid of up to 20 runs gets), then tab20b: the live grid has more than 20 rows
+_PALETTE = matplotlib.colormaps["tab20"].colors + matplotlib.colormaps["tab20b"].colors
+
+
 def _color(i):
-    """Up to 20 distinguishable colours (a grid has about that many runs)."""
-    return matplotlib.colormaps["tab20"](i % 20)
+    """Up to 40 distinct colours, one per run."""
+    return _PALETTE[i % len(_PALETTE)]
 
 
 def _legend_beside(ax):

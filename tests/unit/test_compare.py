@@ -438,6 +438,13 @@ def test_key_token_columns_appear_with_key_losses_and_compare_at_the_same_seed()
     assert "key-token" not in results_table(without, {"local": "local", "dense": "dense"}).splitlines()[0]
 
 
+def test_a_grid_of_more_than_20_runs_gets_a_colour_per_run(tmp_path):
+    rows = [Row(f"local_{i}", "fixed", "L", [1], [result(1, 2.0 + 0.01 * i)]) for i in range(25)]
+    ax = plots.pareto(tmp_path / "pareto.png", rows).axes[0]
+    colours = [tuple(c.lines[0].get_color()) for c in ax.containers]
+    assert len(colours) == 25 and len(set(colours)) == 25
+
+
 def test_the_key_token_pareto_plots_key_losses_at_the_same_seed(tmp_path):
     """pareto(metric='key_loss'): key-token loss minus local's at the same seed, sweep lines from the sweep
     rows' key_loss, shifted as the trained point."""
