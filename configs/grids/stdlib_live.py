@@ -18,7 +18,7 @@ Budget (measured, two runs side by side on the 2-core CPU, one thread each): abo
 40 for LG, 45 for LR, 52-55 for dense and the routed rows, 17-25 for each half of a fine-tuning row; the whole
 plan is about 25 process-hours, so it grows by session: each session's record keeps its finished runs
 (docs/grids.md, "A grid over several sessions") and the next continues from it with --from_record. Seed lists
-below say what has run; rows and seeds still to run are commented out. Seed 1 of the first five rows ran before
+below say what has run; seeds still to run are in "next:" comments. Seed 1 of the first five rows ran before
 records kept run files: later records carry its numbers from rows.json, and random_matched, whose rates come
 from routed's evaluation file, runs at seeds 2 and 3.
 """
@@ -61,6 +61,7 @@ runs = {
     # random routing at routed's per-layer rates; seeds 2 and 3 only: the rates come from routed's evaluation file,
     # which seed 1 no longer has
     "random_matched": {"schedule": "R", "routing": "random", "random_global_q": "matched:routed", "seeds": [2, 3]},
+    # the window ladder; next: seeds [1, 2, 3] for all four
     "local_w8": {"schedule": "L", "window": 8},
     "local_w16": {"schedule": "L", "window": 16},
     "local_w64": {"schedule": "L", "window": 64, "seeds": [1, 2]},
