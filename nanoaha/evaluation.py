@@ -55,18 +55,39 @@ SETTINGS = ("data_dir", "eval_tokens", "thresholds", "router_threshold", "contex
 ADDED_SETTINGS = {"key_window": 0}  # settings added later: a JSON written before one was evaluated at this value
 
 
+PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def portable_path(path):
+    """A corpus path as an evaluation records it: relative to the project root where it lies inside it, so a
+    record's evaluations match the same corpus in another checkout; absolute elsewhere."""
+    path = os.path.abspath(path)
+    relative = os.path.relpath(path, PROJECT_ROOT)
+    return path if relative == ".." or relative.startswith(".." + os.sep) else relative
+
+
 def recorded_settings(result):
     """The settings an evaluation JSON records, a setting added since it was written read as the value it was
-    evaluated at; None where it records none (or is not an evaluation)."""
+    evaluated at; None where it records none (or is not an evaluation). A data_dir recorded absolute (before
+    2026-12-06) inside some checkout's data/ folder reads as the same path relative to this one's root."""
     settings = result.get("settings") if isinstance(result, dict) else None
-    return {**ADDED_SETTINGS, **settings} if isinstance(settings, dict) else None
+    if not isinstance(settings, dict):
+        return None
+    settings = {**ADDED_SETTINGS, **settings}
+    data_dir = settings.get("data_dir")
+    if isinstance(data_dir, str) and os.path.isabs(data_dir):
+        settings["data_dir"] = portable_path(data_dir)
+        head, sep, tail = data_dir.rpartition(os.sep + "data" + os.sep)
+        if os.path.isabs(settings["data_dir"]) and sep and tail:
+            settings["data_dir"] = os.path.join("data", tail)
+    return settings
 
 
 def eval_settings(cfg, data_dir):
-    """The settings an evaluation records in its JSON ("settings"), as JSON reads them back: data_dir absolute
-    (resolved: "" is the first checkpoint's training corpus), eval_tokens as asked for (the JSON's eval_tokens
+    """The settings an evaluation records in its JSON ("settings"), as JSON reads them back: data_dir resolved
+    ("" is the first checkpoint's training corpus) and portable (portable_path), eval_tokens as asked for (the JSON's eval_tokens
     is what was used), thresholds as a list of floats."""
-    values = {**{key: getattr(cfg, key) for key in SETTINGS}, "data_dir": os.path.abspath(data_dir),
+    values = {**{key: getattr(cfg, key) for key in SETTINGS}, "data_dir": portable_path(data_dir),
               "thresholds": [float(t) for t in threshold_list(cfg.thresholds)]}
     return json.loads(json.dumps(values))
 

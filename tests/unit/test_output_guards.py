@@ -13,7 +13,7 @@ import evaluate
 import prune
 from helpers import byte_corpus, write_grid
 from nanoaha.atomic_files import write_json
-from nanoaha.evaluation import evaluate_checkpoint
+from nanoaha.evaluation import PROJECT_ROOT, EvalConfig, eval_settings, evaluate_checkpoint, recorded_settings
 from nanoaha.grid import runner
 from nanoaha.grid.gridfile import GridError, load_grid
 from nanoaha.grid.lock import LOCK_NAME, GridLock
@@ -40,7 +40,7 @@ def test_evaluate_refuses_to_replace_an_evaluation_written_with_other_settings(t
         assert open(path).read() == first  # untouched
     evaluate.main([run, *FAST])  # the same settings: the same numbers, replaced
     evaluate.main([run, *FAST, f"--data_dir={other}", "--overwrite"])
-    assert json.load(open(path))["settings"]["data_dir"] == os.path.abspath(other)
+    assert json.load(open(path))["settings"]["data_dir"] == os.path.abspath(other)  # outside the project: absolute
     written = json.load(open(path))
     del written["settings"]["key_window"]
     write_json(path, written)  # an evaluation from before key_window: it was evaluated at its default, 0
@@ -211,3 +211,14 @@ def test_json_files_hold_no_bare_nan(tmp_path):
         raise ValueError(f"bare {constant} in the file")
     assert json.loads(open(path).read(), parse_constant=refuse) == {
         "loss": None, "history": [[1, None], [2, 1.5]], "nested": {"x": None}}
+
+
+def test_a_corpus_inside_the_project_is_recorded_relative_so_a_record_matches_in_another_checkout():
+    settings = eval_settings(EvalConfig(), os.path.join(PROJECT_ROOT, "data", "python_stdlib"))
+    assert settings["data_dir"] == os.path.join("data", "python_stdlib")
+    assert recorded_settings({"settings": settings}) == settings
+    # written before 2026-12-06 in another checkout: the absolute path of its data/ folder
+    elsewhere = {**settings, "data_dir": "/elsewhere/checkout/data/python_stdlib"}
+    assert recorded_settings({"settings": elsewhere}) == settings
+    outside = {**settings, "data_dir": "/srv/corpora/prose"}  # not in a data/ folder: stays what it was
+    assert recorded_settings({"settings": outside})["data_dir"] == "/srv/corpora/prose"
