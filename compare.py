@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from nanoaha.configurator import paths_and_settings, run_main
 from nanoaha.grid import plots, runner
 from nanoaha.grid.gridfile import GridError, load_grid
-from nanoaha.grid.kept import keep_runs, restore_runs, take_results
+from nanoaha.grid.kept import KEPT_DIR, keep_runs, restore_runs, take_results
 from nanoaha.grid.lock import GridLock
 from nanoaha.grid.plan import describe, launches, plan, train_state, window_groups
 from nanoaha.grid.tables import (comparison_curves_table, has_key_losses, history_differences, load_rows,
@@ -269,7 +269,7 @@ def main(argv):
     try:
         grid = load_grid(paths[0])
         jobs = plan(grid, cfg.out)
-        taken = {}
+        taken, restored = {}, []
         if cfg.from_record:
             restored = restore_runs(cfg.from_record, jobs, dry_run=cfg.dry_run)
             print(f"{'would take' if cfg.dry_run else 'took'} {len(restored)} finished run(s) from "
@@ -284,8 +284,12 @@ def main(argv):
                   f"({cfg.threads} thread(s) each), "
                   f"in {os.path.join(cfg.out, grid.name)}")
             for job in jobs:
-                print(f"{job.label}: numbers taken from {cfg.from_record}/rows.json, not trained" if job.key in taken
-                      else describe(job, grid, cfg.out))
+                if job.key in taken:
+                    print(f"{job.label}: numbers taken from {cfg.from_record}/rows.json, not trained")
+                elif job.label in restored:
+                    print(f"{job.label}: kept run taken from {cfg.from_record}/{KEPT_DIR}/, not trained")
+                else:
+                    print(describe(job, grid, cfg.out))
             return 0
         with GridLock(os.path.join(cfg.out, grid.name)) as lock:  # one runner per grid, released on any exit
             runner.child_hook = lock.record_children

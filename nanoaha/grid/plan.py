@@ -203,18 +203,22 @@ def launches(out_dir):
     return read_json(os.path.join(out_dir, "launches.json")) or []
 
 
-def comparable(argv, cwd, ignore=()):
+def comparable(argv, cwd, ignore=(), relative=False):
     """A train command as a set of settings that must not change between launches of one run: paths made
-    absolute (the runner may be started from another directory), without resume, max_iters and `ignore`."""
+    absolute (the runner may be started from another directory), without resume, max_iters and `ignore`.
+    relative: paths relative to cwd instead, for a run kept by a record, which trained in another checkout."""
+    def path(value):
+        value = os.path.normpath(os.path.join(cwd, value))
+        return os.path.relpath(value, cwd) if relative else value
     settings = set()
     for arg in argv[2:]:
         key, _, value = arg.partition("=")
         if key.lstrip("-") in KEEP_TRAINING_KEYS or key.lstrip("-") in ignore:
             continue
         if arg.endswith(".py") and not arg.startswith("--"):
-            arg = os.path.normpath(os.path.join(cwd, arg))
+            arg = path(arg)
         elif key in ("--init_from", "--out_dir", "--data_dir"):
-            arg = f"{key}={os.path.normpath(os.path.join(cwd, value))}"
+            arg = f"{key}={path(value)}"
         settings.add(arg)
     return settings
 
@@ -233,7 +237,7 @@ def train_state(job, grid, out_root):
         and planned is not None
     ignore = ["random_global_q"] if matched_run(job) else []  # a re-evaluation may move matched rates a little
     ignore += ["out_dir"] if kept else []  # a kept run may come back under another --out
-    differ = sorted(comparable(planned, os.getcwd(), ignore) ^ comparable(first["argv"], first["cwd"], ignore)) \
+    differ = sorted(comparable(planned, os.getcwd(), ignore, kept) ^ comparable(first["argv"], first["cwd"], ignore, kept)) \
         if known else []
     if differ:
         raise GridError(f"{job.out_dir} was trained with another command (differs in {' '.join(differ)[:200]}): "

@@ -107,6 +107,7 @@ def test_a_grid_grows_in_a_later_session_from_the_runs_its_record_kept(tmp_path,
     assert compare.main(argv + ["--dry_run"]) == 0
     printed = capsys.readouterr().out
     assert "would take 1 finished run(s)" in printed and not os.path.exists(out2)
+    assert "local seed 1: kept run taken from" in printed and "routed seed 1: will train" in printed
     assert compare.main(argv) == 0
     printed = capsys.readouterr().out
     assert "took 1 finished run(s) from" in printed and "local seed 1" in printed

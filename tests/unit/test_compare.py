@@ -9,7 +9,7 @@ import compare
 from helpers import ROOT, table_cells, write_grid
 from nanoaha.grid import plots, runner, tables
 from nanoaha.grid.gridfile import Grid, GridError, load_grid, run_order
-from nanoaha.grid.plan import plan, train_argv, train_state, window_groups
+from nanoaha.grid.plan import comparable, plan, train_argv, train_state, window_groups
 from nanoaha.grid.tables import Row, best_fixed, gap_recovery, results_table, spread
 
 
@@ -573,3 +573,12 @@ def test_a_runs_wall_time_is_train_pys_clock_over_its_processes_where_the_checkp
         with open(os.path.join(job.out_dir, "train_summary.json"), "w") as f:
             json.dump(summary, f)
         assert tables.collect(job)["wall_s"] == wall
+
+
+def test_a_kept_runs_command_is_compared_as_its_checkout_saw_it_so_a_record_grows_in_another_checkout():
+    argv = ["python", "train.py", "configs/quickstart.py", "--schedule=L", "--data_dir=data/python_stdlib"]
+    here, there = comparable(argv, "/work/one"), comparable(argv, "/work/two")
+    assert here != there  # one checkout: a runner started elsewhere would read other files
+    assert comparable(argv, "/work/one", relative=True) == comparable(argv, "/work/two", relative=True)
+    moved = ["python", "train.py", "configs/other.py", "--schedule=L", "--data_dir=data/python_stdlib"]
+    assert comparable(moved, "/work/two", relative=True) != comparable(argv, "/work/one", relative=True)
