@@ -22,7 +22,7 @@ import json
 import os
 import sys
 
-from nanoaha.atomic_files import atomic_write, write_json
+from data.atomic_files import atomic_write, write_json
 from nanoaha.configurator import paths_and_settings
 from nanoaha.key_tokens import check_key_k
 from nanoaha.evaluation import (SETTINGS, EvalConfig, check_key_window, check_thresholds, eval_settings,

@@ -3,13 +3,13 @@
 Where things are:
 - Router.forward              per-head router: logits from the layer input (and optionally the head's local
                               attention output), sigmoid, hard threshold, STE
-- Attention.forward           the dispatch: nanoaha/kernels/attention.py for a whole sequence, Attention.decode per
+- Attention.forward           the dispatch: kernels/attention.py for a whole sequence, Attention.decode per
                               cached token
 - run_mode                    which routed mode a call runs ('exact' or 'sparse')
 - GPT.forward                 loss = LM loss + penalty_weight * mean router probability (the L1 penalty)
 - check_model_config          (the end of the file) the config's one-line errors
 - nanoaha/routing_stats.py    global fraction, mean p, ideal and computed attention FLOPs per layer and head
-- nanoaha/kernels/attention.py  attention(), the one entry point (reference / torch / triton backends)
+- kernels/attention.py  attention(), the one entry point (reference / torch / triton backends)
 """
 import math
 from dataclasses import dataclass, field
@@ -18,8 +18,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from nanoaha.kernels.attention import BACKENDS, attention
-from nanoaha.kernels.gates import combine
+from kernels.attention import BACKENDS, attention
+from kernels.gates import combine
 
 KIND_OF_LETTER = {"G": "dense", "L": "local", "R": "routed"}
 RUNTIME_KEYS = {"attention_backend", "routed_mode", "router_threshold", "router_explore"}  # may change between runs

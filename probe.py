@@ -10,7 +10,7 @@ the window on ordinary text and the global share.
 import sys
 from dataclasses import dataclass
 
-from nanoaha.atomic_files import write_json
+from data.atomic_files import write_json
 from nanoaha.configurator import paths_and_settings, run_main
 from nanoaha.copy_probe import DEFAULT_N_SPANS, DEFAULT_SPAN, probe_checkpoint
 from nanoaha.device import pick_device

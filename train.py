@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from data.loader import TokenData
 from model import GPT, RUNTIME_KEYS, GPTConfig, GPTOutput
-from nanoaha.atomic_files import write_json
+from data.atomic_files import write_json
 from nanoaha.checkpoint import (BEST_NAME, load_checkpoint, load_model_state, load_resume_checkpoint, save_best,
                                 save_checkpoint)
 from nanoaha.configurator import parse_args_or_exit, run_main

@@ -29,7 +29,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
-from nanoaha.kernels import triton_attention  # noqa: E402
+from kernels import triton_attention  # noqa: E402
 from nanoaha.formatting import percent  # noqa: E402
 
 FULL_GRID = dict(D=[128, 64], w=[256, 128], T=[2048, 4096, 8192, 16384, 32768],

@@ -1,4 +1,4 @@
-"""Compile every Triton kernel for a GPU architecture without the GPU (nanoaha/kernels/triton_compile.py) and print
+"""Compile every Triton kernel for a GPU architecture without the GPU (kernels/triton_compile.py) and print
 registers, spills and shared memory per kernel, dtype and head dim: a markdown table, or JSON for the tests.
 
     python bench/compile_kernels.py                          (sm_90, bf16/fp16/fp32, D = 16..128; ~1.5 min cold)
@@ -14,7 +14,7 @@ if os.environ.get("TRITON_INTERPRET") == "1":
     sys.exit("bench/compile_kernels.py compiles kernels; unset TRITON_INTERPRET (the interpreter cannot compile)")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from nanoaha.kernels.triton_compile import DTYPES, KERNELS, MAX_SHARED_BYTES, compile_kernel  # noqa: E402
+from kernels.triton_compile import DTYPES, KERNELS, MAX_SHARED_BYTES, compile_kernel  # noqa: E402
 from nanoaha.formatting import human_bytes  # noqa: E402
 
 
@@ -35,7 +35,7 @@ def main():
     if args.json:
         print(json.dumps(dict(arch=args.arch, max_shared_bytes=limit, kernels=[dataclasses.asdict(r) for r in rows])))
         return
-    print(f"sm_{args.arch}, launch configs of nanoaha/kernels/triton_common.gpu_launch_config; "
+    print(f"sm_{args.arch}, launch configs of kernels/triton_common.gpu_launch_config; "
           f"shared-memory limit per block: {human_bytes(limit) if limit else '?'}\n")
     print("| kernel | dtype | D | registers | spilled bytes | shared KiB | tensor cores |")
     print("|---|---|---|---|---|---|---|")

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
-from nanoaha.kernels.attention import attention  # noqa: E402
+from kernels.attention import attention  # noqa: E402
 from nanoaha.formatting import percent  # noqa: E402
 
 

@@ -36,7 +36,7 @@ import numpy as np
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from nanoaha.atomic_files import atomic_write  # noqa: E402
+from data.atomic_files import atomic_write  # noqa: E402
 from nanoaha.configurator import run_main  # noqa: E402
 from data.tokens import (ENCODINGS, Encoder, Interrupted, TokenWriter, check_replaceable,  # noqa: E402
                          replacing_corpus, token_path, write_meta)

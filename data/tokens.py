@@ -14,8 +14,8 @@ import threading
 
 import numpy as np
 
-from nanoaha.atomic_files import write_json
-from nanoaha.processes import pid_alive
+from data.atomic_files import write_json
+from data.processes import pid_alive
 
 TIKTOKEN_ENCODINGS = ("gpt2", "cl100k_base", "o200k_base", "r50k_base", "p50k_base")
 ENCODINGS = ("gpt2", "cl100k_base", "o200k_base", "bytes", "char")

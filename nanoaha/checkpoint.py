@@ -13,7 +13,7 @@ import sys
 
 import torch
 
-from nanoaha.atomic_files import atomic_write
+from data.atomic_files import atomic_write
 from model import GPT, GPTConfig
 
 def checkpoint_path(path):

@@ -23,7 +23,7 @@ from model import apply_rotary
 from nanoaha.checkpoint import load_model
 from nanoaha.device import autocast_context, pick_dtype
 from nanoaha.evaluation import eval_data, trained_data_dir
-from nanoaha.kernels.reference import attention_weights, causal_mask, local_mask
+from kernels.reference import attention_weights, causal_mask, local_mask
 
 DEFAULT_SPAN = 256
 DEFAULT_N_SPANS = 32

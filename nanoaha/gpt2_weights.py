@@ -11,10 +11,16 @@ The sizes are checked first, without the network (a hub GPT-2's from HUB_SIZES, 
 config.json). The weights come from the saved folder or the local Hugging Face cache; only when they are in
 neither is the hub asked, and only after one quick request (PROBE_TIMEOUT) says it answers: offline, the
 error is one line at once instead of the hub client's 5 retries over 30 s.
+
+transformers (>= 5) imports the `kernels` distribution, a name this project's kernels/ folder also has: every use
+of transformers goes through transformers_scope(), which lets it find its own.
 """
+import contextlib
+import importlib
 import importlib.util
 import json
 import os
+import sys
 import urllib.error
 import urllib.request
 from types import SimpleNamespace
@@ -92,6 +98,42 @@ def cached(source):
         return False
 
 
+_INSTALLED_KERNELS = {}  # the installed distribution's top module, kept while this project's holds the name
+
+
+@contextlib.contextmanager
+def transformers_scope():
+    """Inside: `import kernels` finds the installed distribution that transformers uses (imported once, kept
+    between scopes), not this project's kernels/ (first on sys.path, as the project root is); after: this
+    project's again. Modules that imported either keep what they imported; their submodules' names differ."""
+    ours = importlib.import_module("kernels")  # this project's: loaded now so that it can be put back
+    root = os.path.dirname(os.path.abspath(ours.__file__))
+    saved_modules = {name: module for name, module in sys.modules.items()
+                     if (name == "kernels" or name.startswith("kernels."))
+                     and os.path.abspath(getattr(module, "__file__", None) or "").startswith(root + os.sep)}
+    saved_path = list(sys.path)
+    for name in saved_modules:
+        del sys.modules[name]
+    sys.modules.update(_INSTALLED_KERNELS)
+    project = os.path.dirname(root)
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != project]
+    try:
+        yield
+    finally:
+        sys.path[:] = saved_path
+        if "kernels" in sys.modules and sys.modules["kernels"] is not ours:
+            _INSTALLED_KERNELS["kernels"] = sys.modules["kernels"]
+        sys.modules.update(saved_modules)
+
+
+def import_transformers():
+    """transformers with its GPT-2 classes loaded, imported where it finds its own `kernels`."""
+    with transformers_scope():
+        import transformers
+        transformers.GPT2Config, transformers.GPT2LMHeadModel  # noqa: B018 (lazy attributes: load them here)
+    return transformers
+
+
 def load_gpt2(source):
     """transformers' GPT2LMHeadModel from a saved folder, the local Hugging Face cache or (only when the hub
     answers a quick request) the hub. Offline and not cached: one line at once, before even importing
@@ -99,9 +141,9 @@ def load_gpt2(source):
     fix = (f"connect to the internet once to download {source!r} into the Hugging Face cache, or pass "
            f"--init_from=hf:PATH with a GPT-2 saved by save_pretrained()")
     if os.path.isdir(source) or cached(source):
-        from transformers import GPT2LMHeadModel
         try:
-            return GPT2LMHeadModel.from_pretrained(source, local_files_only=True)
+            with transformers_scope():
+                return import_transformers().GPT2LMHeadModel.from_pretrained(source, local_files_only=True)
         except OSError as e:
             if os.path.isdir(source):
                 raise ValueError(f"cannot load GPT-2 weights from {source} ({str(e).splitlines()[0]}): pass "
@@ -111,9 +153,9 @@ def load_gpt2(source):
         where = "not in the Hugging Face cache" if source in HUB_NAMES else \
             f"no folder {source} here, not in the Hugging Face cache"
         raise ValueError(f"cannot load GPT-2 weights {source!r}: {where}, and {why}; {fix}")
-    from transformers import GPT2LMHeadModel
     try:
-        return GPT2LMHeadModel.from_pretrained(source)
+        with transformers_scope():
+            return import_transformers().GPT2LMHeadModel.from_pretrained(source)
     except OSError as e:
         raise ValueError(f"cannot load GPT-2 weights {source!r} ({str(e).splitlines()[0]}); {fix}") from None
 

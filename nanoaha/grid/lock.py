@@ -11,7 +11,7 @@ import sys
 import time
 
 from nanoaha.grid.gridfile import GridError
-from nanoaha.processes import pid_alive
+from data.processes import pid_alive
 
 LOCK_NAME = ".compare.lock"
 

@@ -8,7 +8,7 @@ import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
-from nanoaha.atomic_files import write_json
+from data.atomic_files import write_json
 from nanoaha.grid.plan import (eval_argv, eval_json, eval_state, grid_evaluation, launches, matched_run, read_json,
                                train_argv, train_state)
 

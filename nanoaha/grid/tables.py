@@ -6,7 +6,7 @@ import dataclasses
 import math
 import os
 
-from nanoaha.atomic_files import write_json
+from data.atomic_files import write_json
 from nanoaha.formatting import human_bytes, percent, signed
 from nanoaha.grid.gridfile import GridError
 from nanoaha.grid.plan import grid_evaluation, launches, read_json

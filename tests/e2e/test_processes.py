@@ -41,7 +41,7 @@ def test_a_finished_command_returns_its_output_and_status():
 
 
 def test_pid_alive_counts_a_running_process_and_neither_a_zombie_nor_a_reaped_one():
-    from nanoaha.processes import pid_alive
+    from data.processes import pid_alive
     running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     done = subprocess.Popen([sys.executable, "-c", "pass"])
     try:

@@ -1,7 +1,7 @@
 """Triton attention kernels against the explicit-mask reference: forward and every gradient (q, k, v, gate).
 
 Without CUDA the kernels run in Triton's interpreter on the CPU, which is slow, so shapes are small; the
-interpreter uses 16-wide tiles (nanoaha/kernels/triton_common.py) so these shapes still span many tiles. The
+interpreter uses 16-wide tiles (kernels/triton_common.py) so these shapes still span many tiles. The
 interpreter computes tl.dot wrongly on bf16 operands, so bf16 runs only on a GPU (tests/conftest.py switches
 to the interpreter when there is no CUDA). Inputs are random, seeded from the test's id: a failure repeats, and
 its message names the seed.
@@ -11,14 +11,14 @@ import zlib
 import pytest
 import torch
 
-from nanoaha.kernels import (
+from kernels import (
     reference,
     triton_attention,
     triton_common,
     triton_global,
     triton_local,
 )
-from nanoaha.kernels.attention import attention, resolve_backend
+from kernels.attention import attention, resolve_backend
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOLERANCE = {torch.float32: 2e-4, torch.float16: 1e-2, torch.bfloat16: 6e-2}

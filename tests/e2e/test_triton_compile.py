@@ -12,7 +12,7 @@ import re
 import pytest
 
 from helpers import ROOT, run_script
-from nanoaha.kernels.triton_common import HEAD_DIMS as TRITON_HEAD_DIMS
+from kernels.triton_common import HEAD_DIMS as TRITON_HEAD_DIMS
 
 
 @pytest.fixture(scope="module")

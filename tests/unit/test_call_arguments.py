@@ -10,7 +10,7 @@ import torch
 
 import model as model_module
 import sample
-from nanoaha.kernels.attention import attention
+from kernels.attention import attention
 from model import GPT, GPTConfig
 from nanoaha.checkpoint import load_model_state, save_checkpoint
 from nanoaha.evaluation import evaluate_loss, threshold_sweep

@@ -1,5 +1,6 @@
-"""The house rules the layout depends on: no import cycle among the project's modules, scripts import modules
-and never each other (nor does any module import a script), and nothing points outside the repository."""
+"""The house rules the layout depends on: the root the design card names, imports that flow one way (kernels <-
+model <- nanoaha <- scripts, data's library below nanoaha), no import cycle, scripts import modules and never each
+other (nor does any module import a script), and nothing points outside the repository."""
 import ast
 import os
 
@@ -63,7 +64,7 @@ def test_the_graph_sees_a_cycle_and_an_import_of_a_script():
 
 def test_no_import_cycle_and_no_module_imports_a_script():
     modules = project_modules()
-    assert {"model", "train", "nanoaha.training", "nanoaha.grid.runner", "nanoaha.kernels.attention"} <= set(modules)
+    assert {"model", "train", "nanoaha.training", "nanoaha.grid.runner", "kernels.attention"} <= set(modules)
     graph = import_graph(modules)
     assert cycles(graph) == set()
     assert {name: deps & SCRIPTS for name, deps in graph.items() if deps & SCRIPTS} == {}
@@ -88,13 +89,56 @@ def test_nothing_points_outside_the_repository():
     assert hits == []
 
 
-def test_no_root_module_shadows_an_installed_package():
-    """The root is first on sys.path for every script, so a root folder or file named like an installed package
-    hides it from its users: a root kernels/ broke `import transformers` (>= 5), which imports the `kernels`
-    distribution. Checked against what this environment installed from requirements.txt."""
-    import importlib.metadata
-    installed = importlib.metadata.packages_distributions()
-    root_names = {n[:-3] if n.endswith(".py") else n for n in os.listdir(ROOT)
-                  if n.endswith(".py") or os.path.isfile(os.path.join(ROOT, n, "__init__.py"))}
-    assert "nanoaha" in root_names
-    assert {name: installed[name] for name in root_names if name in installed} == {}
+def layer(module):
+    """The layer a module belongs to: kernels, model, data (its library), nanoaha, or a script."""
+    top = module.split(".")[0]
+    if module in SCRIPTS or module.startswith("bench.") or module.endswith(".prepare") or module == "data.prepare":
+        return "script"
+    return {"kernels": "kernels", "model": "model", "data": "data", "nanoaha": "nanoaha"}.get(top, "script")
+
+
+# what each layer may import of the project: imports flow one way, kernels <- model <- nanoaha <- scripts, and
+# data's library under nanoaha (a low-level helper both need lives in data, the lowest of them)
+MAY_IMPORT = {"kernels": {"kernels"}, "model": {"kernels", "model"}, "data": {"data"},
+              "nanoaha": {"kernels", "model", "data", "nanoaha"},
+              "script": {"kernels", "model", "data", "nanoaha", "script"}}
+
+
+def test_layers_see_the_wrong_direction():
+    assert layer("kernels.gates") == "kernels" and layer("data.loader") == "data"
+    assert layer("data.python_stdlib.prepare") == "script" and layer("train") == "script"
+    assert "nanoaha" not in MAY_IMPORT["data"] and "model" not in MAY_IMPORT["kernels"]
+
+
+def test_imports_flow_one_way():
+    graph = import_graph(project_modules())
+    wrong = {name: sorted(dep for dep in deps if layer(dep) not in MAY_IMPORT[layer(name)])
+             for name, deps in graph.items()}
+    assert {name: deps for name, deps in wrong.items() if deps} == {}
+    assert any(dep.startswith("kernels") for dep in graph["model"])  # the rule is checked on real edges
+    assert {dep for dep in graph["model"] if not dep.startswith("kernels")} == set()
+
+
+def test_the_root_holds_what_the_design_card_names():
+    folders = {n for n in os.listdir(ROOT) if os.path.isdir(os.path.join(ROOT, n)) and not n.startswith(".")}
+    assert {"kernels", "data", "configs", "nanoaha", "docs", "tests", "bench", "results"} <= folders
+    assert os.path.isfile(os.path.join(ROOT, "kernels", "attention.py"))
+    assert not os.path.exists(os.path.join(ROOT, "nanoaha", "kernels"))
+
+
+def test_transformers_finds_its_own_kernels_beside_the_projects():
+    """transformers (>= 5) imports the installed `kernels` distribution, whose name the root kernels/ shares:
+    nanoaha.gpt2_weights imports it in a scope where it finds its own; the project's kernels stay the ones its
+    modules use."""
+    import importlib.util
+    import sys
+
+    import kernels
+    if importlib.util.find_spec("transformers") is None:
+        return  # requirements.txt installs it; without it there is nothing to shadow
+    from nanoaha.gpt2_weights import import_transformers
+    transformers = import_transformers()
+    assert transformers.GPT2LMHeadModel is not None
+    assert sys.modules["kernels"] is kernels and kernels.__file__.startswith(ROOT)
+    import kernels.attention  # still this project's
+    assert kernels.attention.__file__.startswith(ROOT)

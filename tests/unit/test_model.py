@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from helpers import small_config
-from nanoaha.kernels.attention import attention
+from kernels.attention import attention
 from model import GPT, GPTConfig, Router, apply_rotary, rotary_tables
 from nanoaha.checkpoint import load_model_state
 from nanoaha.pruning import prune_checkpoint

@@ -12,7 +12,7 @@ import compare
 import evaluate
 import prune
 from helpers import byte_corpus, write_grid
-from nanoaha.atomic_files import write_json
+from data.atomic_files import write_json
 from nanoaha.evaluation import PROJECT_ROOT, EvalConfig, eval_settings, evaluate_checkpoint, recorded_settings
 from nanoaha.grid import runner
 from nanoaha.grid.gridfile import GridError, load_grid

@@ -1,10 +1,10 @@
-"""nanoaha/kernels/torch_attention.py against nanoaha/kernels/reference.py, and the reference's own semantics."""
+"""kernels/torch_attention.py against kernels/reference.py, and the reference's own semantics."""
 import pytest
 import torch
 
-from nanoaha.kernels import reference, torch_attention
-from nanoaha.kernels.attention import attention
-from nanoaha.kernels.gates import combine, combine_rows, compact_gates
+from kernels import reference, torch_attention
+from kernels.attention import attention
+from kernels.gates import combine, combine_rows, compact_gates
 
 KINDS = [("local", "exact"), ("routed", "exact"), ("routed", "sparse")]  # (kind, routed mode)
 
@@ -135,7 +135,7 @@ def test_dense_matches_reference():
     assert_matches_reference(q, k, v, gate, "dense", None, 0, "exact", atol=1e-10)
 
 
-# --- semantics of the reference itself (the conventions in its docstring, nanoaha/kernels/reference.py) ---
+# --- semantics of the reference itself (the conventions in its docstring, kernels/reference.py) ---
 
 def reference_out(q, k, v, kind, window=8, n_sink=0, gate=None, mode="exact"):
     with torch.no_grad():

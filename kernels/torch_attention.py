@@ -1,11 +1,11 @@
-"""Efficient pure-PyTorch attention: runs everywhere (CPU included), same results as nanoaha/kernels/reference.py.
+"""Efficient pure-PyTorch attention: runs everywhere (CPU included), same results as kernels/reference.py.
 
 - local: queries in chunks; every chunk reads the sinks and the keys from `window` before it to its end,
   under a mask (ChunkedLocalAttention), so the cost grows with T * window, not T^2.
 - routed, 'exact': full and local outputs for every token (exact straight-through gradient).
 - 16-bit inputs on the CPU: dense attention runs in bf16/fp16, local and gated attention in fp32
   (_masked_dtype), softmax statistics in fp32 on every path.
-- routed, 'sparse': local output for every token, full output only for gated tokens (nanoaha/kernels/gates.py
+- routed, 'sparse': local output for every token, full output only for gated tokens (kernels/gates.py
   compacts them), over key blocks merged by their log-sum-exps (RoutedSparseAttention).
 
 Forward and backward are written out on `attend` / `attend_backward`: attention over one block of keys
@@ -17,7 +17,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from nanoaha.kernels.gates import combine, combine_rows, compact_gates
+from kernels.gates import combine, combine_rows, compact_gates
 
 # Tuning constants, measured on the CPU flash kernel (results/2026-11-29_cpu_attention_tuning).
 LOCAL_CHUNK = 64  # most queries per local chunk: longer chunks read more masked keys, shorter ones give
@@ -36,7 +36,7 @@ def dense_attention(q, k, v):
 def local_attention(q, k, v, window, n_sink=0):
     """Sliding-window attention with sinks. Chunk i holds queries i*c .. i*c+c-1 and reads the sinks and
     chunks i-m .. i (m = ceil(window / c)) under a mask (ChunkedLocalAttention). Arguments are checked by
-    nanoaha.kernels.attention.attention."""
+    kernels.attention.attention."""
     dtype = _masked_dtype(q)
     return ChunkedLocalAttention.apply(q.to(dtype), k.to(dtype), v.to(dtype), window, min(n_sink, q.shape[2])).to(q.dtype)
 
@@ -306,7 +306,7 @@ def key_blocks(pos, T, key_block):
 
 def routed_attention(q, k, v, gate, window, n_sink=0, mode="exact"):
     """gate: float (B, H, T), 0/1 forward values carrying the straight-through gradient. Arguments are checked
-    by nanoaha.kernels.attention.attention."""
+    by kernels.attention.attention."""
     if mode == "exact":
         return combine(local_attention(q, k, v, window, n_sink), dense_attention(q, k, v), gate)
     dtype = _masked_dtype(q)

@@ -6,7 +6,7 @@ q, k, v: (B, H, T, D), one shape and dtype (k and v with fewer heads, grouped-qu
 kind: 'dense' (full causal), 'local' (sliding window + sinks) or 'routed' (All-or-Here: gate 1 -> full
 causal, 0 -> window). For 'routed', gate is a float (B, H, T) tensor holding 0/1 in the forward pass and
 carrying the router's straight-through gradient; the result is O_local + gate * (O_full - O_local)
-(nanoaha/kernels/gates.py). mode 'exact' computes both outputs for every token; 'sparse' computes
+(kernels/gates.py). mode 'exact' computes both outputs for every token; 'sparse' computes
 the full output only where the gate is 1 (the router then gets its gradient only there).
 
 backend: 'reference' (explicit masks, O(T^2), the ground truth), 'torch' (efficient PyTorch, any device),
@@ -14,7 +14,7 @@ backend: 'reference' (explicit masks, O(T^2), the ground truth), 'torch' (effici
 """
 import os
 
-from nanoaha.kernels import reference, torch_attention
+from kernels import reference, torch_attention
 
 KINDS = ("dense", "local", "routed")
 BACKENDS = ("auto", "reference", "torch", "triton")
@@ -33,7 +33,7 @@ def _triton_fits(head_dim):
     """Triton is installed and has kernels for this head dim. Imported here, not at the top: the Triton modules
     need triton, which a CPU install may lack."""
     try:
-        from nanoaha.kernels.triton_common import HEAD_DIMS
+        from kernels.triton_common import HEAD_DIMS
     except ImportError:
         return False
     return head_dim in HEAD_DIMS
@@ -77,7 +77,7 @@ def attention(q, k, v, kind, window=None, n_sink=0, gate=None, mode="exact", bac
     if backend == "triton":
         if q.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
             raise RuntimeError("backend='triton' needs a CUDA device, or TRITON_INTERPRET=1 to run on the CPU")
-        from nanoaha.kernels import triton_attention as impl
+        from kernels import triton_attention as impl
     else:
         impl = torch_attention
     if kind == "local":

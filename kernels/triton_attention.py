@@ -1,18 +1,18 @@
-"""Triton attention backend: same functions and semantics as nanoaha/kernels/torch_attention.py; the kernels are in
-nanoaha/kernels/triton_local.py (window + sinks) and nanoaha/kernels/triton_global.py (full attention of the gated rows).
+"""Triton attention backend: same functions and semantics as kernels/torch_attention.py; the kernels are in
+kernels/triton_local.py (window + sinks) and kernels/triton_global.py (full attention of the gated rows).
 
 - local: the local kernel, forward and backward bounded by the window (work grows with T * window).
 - routed, 'exact': the local kernel for every token and SDPA (flash on the GPU) for the full output.
 - routed, 'sparse': the local kernel for every token; full causal attention only for the gated tokens,
-  compacted per (batch, head) (nanoaha/kernels/gates.py). The two are combined on the compacted rows only, so
+  compacted per (batch, head) (kernels/gates.py). The two are combined on the compacted rows only, so
   autograd gives the router sum(dO * (full - local)) on gated tokens and zero elsewhere.
 """
 import torch.nn.functional as F
 
-from nanoaha.kernels.gates import combine, combine_rows, compact_gates
-from nanoaha.kernels.triton_common import check_inputs
-from nanoaha.kernels.triton_global import global_attention
-from nanoaha.kernels.triton_local import local_attention
+from kernels.gates import combine, combine_rows, compact_gates
+from kernels.triton_common import check_inputs
+from kernels.triton_global import global_attention
+from kernels.triton_local import local_attention
 
 
 def routed_attention(q, k, v, gate, window, n_sink=0, mode="exact"):

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nanoaha.kernels.triton_common import (LOG2E, bht_strides, check_inputs, dot_precision, head_ptr, key_grads,
+from kernels.triton_common import (LOG2E, bht_strides, check_inputs, dot_precision, head_ptr, key_grads,
                                    launch_config, load_rows, load_rows_t, output_buffer, row_dot, rows_contiguous,
                                    score_grads, softmax_finish, softmax_step, store_rows)
 

@@ -1,6 +1,6 @@
 """Full causal attention for the gated (global) queries only, as Triton kernels (the L2A compaction scheme).
 
-The gated queries of each (batch, head) arrive compacted by nanoaha.kernels.gates.compact_gates: `pos` (B, H, n_rows)
+The gated queries of each (batch, head) arrive compacted by kernels.gates.compact_gates: `pos` (B, H, n_rows)
 holds their positions in order, right-aligned, and rows before `first_valid` (one per (batch, head)) are
 padding. Kernels read q rows through `pos` (no gathered copy of q) and mask causally on true positions; a
 padding row sees no key at all.
@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nanoaha.kernels.triton_common import (LOG2E, bht_strides, dot_precision, head_ptr, key_grads, launch_config,
+from kernels.triton_common import (LOG2E, bht_strides, dot_precision, head_ptr, key_grads, launch_config,
                                    load_rows, load_rows_t, output_buffer, row_dot, rows_contiguous, score_grads,
                                    softmax_finish, softmax_step, store_rows)
 

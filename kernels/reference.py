@@ -9,7 +9,7 @@ Every faster backend is tested against this file, so it fixes the conventions ev
 """
 import torch
 
-from nanoaha.kernels.gates import combine
+from kernels.gates import combine
 
 
 def local_visible(query_pos, key_pos, window, n_sink=0):

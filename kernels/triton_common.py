@@ -1,4 +1,4 @@
-"""Pieces shared by the Triton attention kernels (nanoaha/kernels/triton_local.py, nanoaha/kernels/triton_global.py).
+"""Pieces shared by the Triton attention kernels (kernels/triton_local.py, kernels/triton_global.py).
 
 Layout: q, k, v, dO are (B, H, T, D) with any strides as long as the last dimension is contiguous; kernels get
 (stride_b, stride_h, stride_t) per tensor. Buffers the kernels create are contiguous. Softmax runs in base 2
@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-HEAD_DIMS = (16, 32, 64, 128)  # the head dims the kernels are built and tested for (nanoaha.kernels.attention checks it)
+HEAD_DIMS = (16, 32, 64, 128)  # the head dims the kernels are built and tested for (kernels.attention checks it)
 LOG2E = 1.0 / math.log(2.0)
 
 # Tests set this: every buffer a kernel must fill completely then starts as NaN, so an element left unwritten

@@ -20,9 +20,9 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from nanoaha.kernels.triton_common import ROW_DOT_BLOCK, _row_dot_kernel, dot_precision, gpu_launch_config
-from nanoaha.kernels.triton_global import _global_bwd_dkdv_kernel, _global_bwd_dq_kernel, _global_fwd_kernel
-from nanoaha.kernels.triton_local import _local_bwd_dkdv_kernel, _local_bwd_dq_kernel, _local_fwd_kernel
+from kernels.triton_common import ROW_DOT_BLOCK, _row_dot_kernel, dot_precision, gpu_launch_config
+from kernels.triton_global import _global_bwd_dkdv_kernel, _global_bwd_dq_kernel, _global_fwd_kernel
+from kernels.triton_local import _local_bwd_dkdv_kernel, _local_bwd_dq_kernel, _local_fwd_kernel
 
 KERNELS = (_local_fwd_kernel, _local_bwd_dq_kernel, _local_bwd_dkdv_kernel,
            _global_fwd_kernel, _global_bwd_dq_kernel, _global_bwd_dkdv_kernel, _row_dot_kernel)
