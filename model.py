@@ -3,13 +3,14 @@
 Where things are:
 - Router.forward              per-head router: logits from the layer input (and optionally the head's local
                               attention output), sigmoid, hard threshold, STE
-- Attention.forward           the dispatch: kernels/attention.py for a whole sequence, Attention.decode per
-                              cached token
+- Attention.forward           q, k, v and the router, then kernels/layer.py: the layer's attention for a whole
+                              sequence or per cached token, and the query-key pairs it computed
 - run_mode                    which routed mode a call runs ('exact' or 'sparse')
 - GPT.forward                 loss = LM loss + penalty_weight * mean router probability (the L1 penalty)
 - check_model_config          (the end of the file) the config's one-line errors
 - nanoaha/routing_stats.py    global fraction, mean p, ideal and computed attention FLOPs per layer and head
-- kernels/attention.py  attention(), the one entry point (reference / torch / triton backends)
+- kernels/layer.py            one layer's attention (sequence and decode) and the pairs it computed
+- kernels/attention.py        attention(), the one entry point (reference / torch / triton backends)
 """
 import math
 from dataclasses import dataclass, field
@@ -18,8 +19,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from kernels.attention import BACKENDS, attention
-from kernels.gates import combine
+from kernels.attention import BACKENDS
+from kernels.layer import layer_attention
 
 KIND_OF_LETTER = {"G": "dense", "L": "local", "R": "routed"}
 RUNTIME_KEYS = {"attention_backend", "routed_mode", "router_threshold", "router_explore"}  # may change between runs
@@ -79,6 +80,7 @@ class GPTOutput:
     probs: list = field(default_factory=list)  # per layer: router p (B, H, T), or None
     seq_len: int = 0
     routed_mode: str = "exact"      # the mode routed layers ran in (forced-global steps run 'exact')
+    attention_keys: list = field(default_factory=list)  # per layer: query-key pairs its kernels computed
 
 
 def rotary_tables(head_dim, length, base):
@@ -157,7 +159,7 @@ class Attention(nn.Module):
 
     def forward(self, x, cos, sin, mode, threshold=None, force_global=False, cache=None):
         """mode: what routed layers compute ('exact' or 'sparse', from run_mode); threshold: the router's
-        (None: the trained one)."""
+        (None: the trained one). Returns (output, hard gate, p, query-key pairs computed)."""
         B, T, C = x.shape
         qkv = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
         if cos is not None:  # rotary positions (else learned absolute ones were added to the input)
@@ -165,27 +167,16 @@ class Attention(nn.Module):
         else:
             q, k, v = qkv
         cfg = self.config
-        decoding = cache is not None and cache.length > 0
-        reads_local = self.router is not None and cfg.router_sees_local
-        local = None
-        if reads_local and not decoding:  # the router's input; exact mode reuses it as the routed local output
-            local = attention(q, k, v, kind="local", window=cfg.window, n_sink=cfg.n_sink,
-                              backend=cfg.attention_backend)
-        if decoding:  # a router that reads the local output routes inside decode, token by token
-            route = (x, threshold, force_global) if reads_local else None
-            hard, gate, p = (None, None, None) if reads_local else self.route(x, threshold, force_global)
-            y, hard, p = self.decode(q, k, v, hard, p, cache, route)
-        else:
-            hard, gate, p = self.route(x, threshold, force_global, local)
-            if local is not None and mode == "exact":
-                y = combine(local, attention(q, k, v, kind="dense", backend=cfg.attention_backend), gate)
-            else:
-                y = attention(q, k, v, kind=self.kind, window=cfg.window, n_sink=cfg.n_sink, gate=gate, mode=mode,
-                              backend=cfg.attention_backend)
-            if cache is not None:
-                cache.write(k, v)
-        y = y.transpose(1, 2).reshape(B, T, C)
-        return self.dropout(self.proj(y)), hard, p
+
+        def route(local, token):  # token: one position of x (decode with a router that reads its local output)
+            inputs = x if token is None else x[:, token:token + 1]
+            return self.route(inputs, threshold, force_global, local)
+
+        out = layer_attention(q, k, v, self.kind, cfg.window, cfg.n_sink, route=route,
+                              sees_local=self.router is not None and cfg.router_sees_local, mode=mode,
+                              backend=cfg.attention_backend, cache=cache)
+        y = out.y.transpose(1, 2).reshape(B, T, C)
+        return self.dropout(self.proj(y)), out.hard, out.p, out.keys
 
     def route(self, x, threshold, force_global, local=None):
         """(hard gate, STE gate, p) for routed layers, (None, None, None) otherwise."""
@@ -201,56 +192,6 @@ class Attention(nn.Module):
         if force_global:
             hard = torch.ones_like(hard)
         return hard, hard.float(), None
-
-    def decode(self, q, k, v, hard, p, cache, route=None):
-        """New queries against the KV cache, one at a time: a local decision reads only the sinks and the window,
-        a global one every cached key; no mask is built. Routed layers attend over the window for every head,
-        then over the full cache for the global heads only, and take the full output there. Returns (y, hard, p).
-        route: (x, threshold, force_global) for a router that reads the local output: it routes each token here,
-        once its window output exists (hard and p are then None on entry)."""
-        B, H, T, D = q.shape
-        if T > 1:
-            def at(t, i, dim=2):
-                return None if t is None else t.narrow(dim, i, 1)
-            steps = [self.decode(at(q, i), at(k, i), at(v, i), at(hard, i), at(p, i), cache,
-                                 route and (at(route[0], i, dim=1), *route[1:])) for i in range(T)]
-            return tuple(None if ts[0] is None else torch.cat(ts, 2) for ts in zip(*steps))
-        cache.write(k, v)
-        if self.kind == "dense":
-            return F.scaled_dot_product_attention(q, *cache.all_keys()), hard, p
-        y = F.scaled_dot_product_attention(q, *cache.window_keys())
-        if self.kind == "local":
-            return y, hard, p
-        if route is not None:
-            hard, _, p = self.route(route[0], route[1], route[2], y)
-        return self.decode_global(q, y, hard, cache), hard, p
-
-    def decode_global(self, q, y, hard, cache):
-        """A routed layer's decode step after its window output y: the full cache for the global heads."""
-        B, H, T, D = q.shape
-        if not decode_gathers(q):  # the CPU reads each global head's keys where they are (a gather copies them)
-            heads = [i for i, is_global in enumerate(hard.reshape(B * H).tolist()) if is_global]
-            if not heads:
-                return y
-            keys, values = cache.all_keys()
-            for i in heads:  # 4-D slices: SDPA's fused CPU kernel (2-D ones take a path ~3x slower at 8K keys)
-                b, h = divmod(i, H)
-                one = slice(b, b + 1), slice(h, h + 1)
-                y[one] = F.scaled_dot_product_attention(q[one], keys[one], values[one])
-            return y
-        if not hard.any():
-            return y
-        keys, values = cache.all_keys()
-        heads = hard.reshape(B * H).nonzero().squeeze(1)  # the (batch, head) pairs that went global
-        keys, values = (x.reshape(B * H, -1, D)[heads] for x in (keys, values))
-        full = F.scaled_dot_product_attention(q.reshape(B * H, 1, D)[heads], keys, values)
-        return y.reshape(B * H, 1, D).index_copy(0, heads, full).view(B, H, 1, D)
-
-
-def decode_gathers(q):
-    """Whether decode gathers the global heads' keys into one attention call (CUDA: one launch, no host sync
-    per head) rather than attending head by head where the keys lie (the CPU: no copy)."""
-    return q.is_cuda
 
 
 def run_mode(routed_mode, force_global, generating=False):
@@ -283,9 +224,9 @@ class Block(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, x, cos, sin, mode, threshold=None, force_global=False, cache=None):
-        a, hard, p = self.attn(self.ln_1(x), cos, sin, mode, threshold, force_global, cache)
+        a, hard, p, keys = self.attn(self.ln_1(x), cos, sin, mode, threshold, force_global, cache)
         x = x + a
-        return x + self.mlp(self.ln_2(x)), hard, p
+        return x + self.mlp(self.ln_2(x)), hard, p, keys
 
 
 class GPT(nn.Module):
@@ -330,22 +271,24 @@ class GPT(nn.Module):
         else:
             cos, sin = self.rope_cos[start:start + T], self.rope_sin[start:start + T]
         x = self.drop(x)
-        gates, probs = [], []
+        gates, probs, keys = [], [], []
         for i, block in enumerate(self.blocks):
             threshold = router_threshold[i] if isinstance(router_threshold, (list, tuple)) else router_threshold
-            x, hard, p = block(x, cos, sin, mode, threshold, force_global, cache[i] if cache else None)
+            x, hard, p, layer_keys = block(x, cos, sin, mode, threshold, force_global, cache[i] if cache else None)
             gates.append(hard)
             probs.append(p)
+            keys.append(layer_keys)
         x = self.ln_f(x)
         if targets is None:
-            return GPTOutput(logits=self.lm_head(x[:, -1:]), gates=gates, probs=probs, seq_len=T, routed_mode=mode)
+            return GPTOutput(logits=self.lm_head(x[:, -1:]), gates=gates, probs=probs, seq_len=T, routed_mode=mode,
+                             attention_keys=keys)
         logits = self.lm_head(x)
         lm_loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
         layer_p = [p.mean() for p in probs if p is not None]
         layer_p = torch.stack(layer_p) if layer_p else lm_loss.new_zeros(1)
         weight = torch.as_tensor(penalty_weight, dtype=layer_p.dtype, device=layer_p.device)
         penalty = (weight * torch.clamp(layer_p - router_budget, min=0.0)).mean()
-        return GPTOutput(logits, lm_loss + penalty, lm_loss, penalty, layer_p.mean(), gates, probs, T, mode)
+        return GPTOutput(logits, lm_loss + penalty, lm_loss, penalty, layer_p.mean(), gates, probs, T, mode, keys)
 
     def init_weights(self):
         """GPT-2's init: normal(0.02), residual projections scaled down by depth; routers last, from a forked RNG."""

@@ -67,11 +67,15 @@ def check_arguments(q, k, v, kind, window, n_sink, gate, mode):
             raise ValueError(f"gate must have shape (B, H, T) = {tuple(q.shape[:3])}, got {tuple(gate.shape)}")
 
 
-def attention(q, k, v, kind, window=None, n_sink=0, gate=None, mode="exact", backend="auto"):
+def attention(q, k, v, kind, window=None, n_sink=0, gate=None, mode="exact", backend="auto", local=None):
+    """local (routed only): the heads' local output where the caller computed it already (a router that reads
+    it), so that it is not computed again."""
     check_arguments(q, k, v, kind, window, n_sink, gate, mode)
+    if local is not None and (kind != "routed" or local.shape != q.shape):
+        raise ValueError(f"local= is the routed layer's local output, shaped like q {tuple(q.shape)}")
     backend = resolve_backend(backend, q.device, q.shape[-1])
     if backend == "reference":
-        return reference.reference_attention(q, k, v, kind, window, n_sink, gate, mode)
+        return reference.reference_attention(q, k, v, kind, window, n_sink, gate, mode, local)
     if kind == "dense":
         return torch_attention.dense_attention(q, k, v)  # SDPA (flash on GPU) for every fast backend
     if backend == "triton":
@@ -82,4 +86,4 @@ def attention(q, k, v, kind, window=None, n_sink=0, gate=None, mode="exact", bac
         impl = torch_attention
     if kind == "local":
         return impl.local_attention(q, k, v, window, n_sink)
-    return impl.routed_attention(q, k, v, gate, window, n_sink, mode)
+    return impl.routed_attention(q, k, v, gate, window, n_sink, mode, local)

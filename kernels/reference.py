@@ -42,18 +42,19 @@ def masked_attention(q, k, v, mask):
     return (weights @ v.to(weights.dtype)).to(q.dtype)
 
 
-def reference_attention(q, k, v, kind, window, n_sink=0, gate=None, mode="exact"):
+def reference_attention(q, k, v, kind, window, n_sink=0, gate=None, mode="exact", local=None):
     """q, k, v: (B, H, T, D). kind: 'dense' | 'local' | 'routed'.
 
     gate (routed only): float (B, H, T) holding 0/1 in the forward pass and carrying the router's
     straight-through gradient. The output is O_local + gate * (O_full - O_local). In 'sparse' mode the
     full output exists only for gated tokens, so the difference (and the router gradient through it)
-    is zero where the gate is 0.
+    is zero where the gate is 0. local (routed only): the local output where the caller has it.
     """
     T = q.shape[-2]
     if kind == "dense":
         return masked_attention(q, k, v, causal_mask(T, q.device))
-    local = masked_attention(q, k, v, local_mask(T, window, n_sink, q.device))
+    if local is None or kind == "local":
+        local = masked_attention(q, k, v, local_mask(T, window, n_sink, q.device))
     if kind == "local":
         return local
     full = masked_attention(q, k, v, causal_mask(T, q.device))

@@ -293,6 +293,31 @@ class RoutedSparseAttention(torch.autograd.Function):
         return grad_q, grad_k, grad_v, grad_gate, None, None
 
 
+class GatedRowsAttention(torch.autograd.Function):
+    """Full causal attention of the gated rows only (compact_gates' pos), for a caller that has the local
+    output already (a router that reads it): the routed 'sparse' mode without computing local a second time."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, pos):
+        ctx.blocks = key_blocks(pos, q.shape[2], GATED_KEY_BLOCK)
+        ctx.index = pos.unsqueeze(-1).expand(*pos.shape, q.shape[-1])
+        ctx.dtype = q.dtype
+        acc = torch.promote_types(q.dtype, torch.float32)
+        full, saved = _gated_forward(q.gather(2, ctx.index).to(acc), k.to(acc), v.to(acc), pos, ctx.blocks)
+        ctx.save_for_backward(*saved)
+        return full.to(q.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_full):
+        saved = ctx.saved_tensors
+        k = saved[1]
+        grad_k, grad_v = _zeros_like_kernel_output(k), _zeros_like_kernel_output(k)
+        grad_rows = _gated_backward(saved, ctx.blocks, grad_full.to(k.dtype), grad_k, grad_v)
+        B, H, T, D = k.shape
+        grad_q = grad_rows.new_zeros(B, H, T, D).scatter_add_(2, ctx.index, grad_rows)
+        return grad_q.to(ctx.dtype), grad_k.to(ctx.dtype), grad_v.to(ctx.dtype), None
+
+
 def key_blocks(pos, T, key_block):
     """_gated_forward's key blocks for the rows of compact_gates: per block [s, e), the first row that reads
     any of it and the first that reads all of it, over all batches and heads (positions never decrease along
@@ -304,11 +329,16 @@ def key_blocks(pos, T, key_block):
     return list(zip(starts.tolist(), ends.tolist(), reads_any.tolist(), reads_all.tolist()))
 
 
-def routed_attention(q, k, v, gate, window, n_sink=0, mode="exact"):
-    """gate: float (B, H, T), 0/1 forward values carrying the straight-through gradient. Arguments are checked
-    by kernels.attention.attention."""
+def routed_attention(q, k, v, gate, window, n_sink=0, mode="exact", local=None):
+    """gate: float (B, H, T), 0/1 forward values carrying the straight-through gradient. local: the local
+    output where the caller has it (not computed again). Arguments are checked by kernels.attention.attention."""
     if mode == "exact":
-        return combine(local_attention(q, k, v, window, n_sink), dense_attention(q, k, v), gate)
+        local = local_attention(q, k, v, window, n_sink) if local is None else local
+        return combine(local, dense_attention(q, k, v), gate)
     dtype = _masked_dtype(q)
+    if local is not None:
+        pos, valid = compact_gates(gate.detach() > 0.5)
+        full = GatedRowsAttention.apply(q.to(dtype), k.to(dtype), v.to(dtype), pos)
+        return combine_rows(local, full, gate, pos, valid)[0]
     return RoutedSparseAttention.apply(q.to(dtype), k.to(dtype), v.to(dtype), gate, window,
                                        min(n_sink, q.shape[2])).to(q.dtype)

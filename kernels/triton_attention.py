@@ -15,10 +15,11 @@ from kernels.triton_global import global_attention
 from kernels.triton_local import local_attention
 
 
-def routed_attention(q, k, v, gate, window, n_sink=0, mode="exact"):
-    """gate: float (B, H, T), 0/1 forward values carrying the straight-through gradient."""
+def routed_attention(q, k, v, gate, window, n_sink=0, mode="exact", local=None):
+    """gate: float (B, H, T), 0/1 forward values carrying the straight-through gradient. local: the local
+    output where the caller has it (not computed again)."""
     check_inputs(q, k, v)
-    local = local_attention(q, k, v, window, n_sink)
+    local = local_attention(q, k, v, window, n_sink) if local is None else local
     if mode == "exact":
         return combine(local, F.scaled_dot_product_attention(q, k, v, is_causal=True), gate)
     pos, valid = compact_gates(gate.detach() > 0.5)

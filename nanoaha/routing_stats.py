@@ -5,9 +5,9 @@ colours tokens by them.
 
 Attention cost is counted in keys read per query (query-key pairs), relative to dense causal attention:
 - ideal: what the gates ask for: a global token reads keys 0 .. t, a local one its window and sinks;
-- computed: what the mode computes: 'exact' runs local and full attention for every routed token, 'sparse'
-  local for every token plus full for the gated ones (forced-global steps run 'exact'). Tile padding inside
-  a kernel is not counted. Evaluation and generation run 'sparse' whatever the model trains in (no gradient
+- computed: what the kernels computed, as kernels/layer.py counts it where it runs them: 'exact' runs local and
+  full attention for every routed token, 'sparse' local for every token plus full for the gated ones
+  (forced-global steps run 'exact'). Tile padding inside a kernel is not counted. Evaluation and generation run 'sparse' whatever the model trains in (no gradient
   needs the full output of a local token), so reports count 'computed' for the mode the model trains in (the
   cost of training on those tokens) and 'inference' for what the pass ran.
 """
@@ -17,15 +17,8 @@ import torch
 from tqdm import tqdm
 
 from data.synthetic.tasks import UNKNOWN_LABEL
+from kernels.layer import keys_read, sequence_keys
 from nanoaha.formatting import percent
-
-
-def keys_read(kind, T, window, n_sink, device=None):
-    """Keys each query position reads: (T,) for 'dense' and 'local' kinds."""
-    t = torch.arange(T, device=device)
-    if kind == "dense":
-        return t + 1
-    return torch.clamp(t + 1, max=window) + torch.clamp(t + 1 - window, min=0).clamp(max=n_sink)
 
 
 def training_flops_per_token(config, n_params, computed_flop_frac):
@@ -36,16 +29,6 @@ def training_flops_per_token(config, n_params, computed_flop_frac):
     attention_dense = 6 * config.n_layer * config.n_embd * config.block_size
     positions = config.block_size * config.n_embd if config.position_embedding == "learned" else 0
     return 6 * (n_params - positions) + attention_dense * float(computed_flop_frac)
-
-
-def routed_keys_computed(gate, mode, dense_keys, local_keys, router_sees_local=False):
-    """Keys a routed layer's kernels read, summed over query positions: the window for every head, plus the
-    full causal row for every query ('exact') or for the global ones only ('sparse'). gate: (B, H, T).
-    router_sees_local: a router reads the local output, computed before routing; 'exact' combines it with the
-    full output, 'sparse' computes it a second time inside the routed kernel."""
-    full = dense_keys if mode == "exact" else gate.mean(dim=(0, 1)) * dense_keys
-    local_passes = 2 if router_sees_local and mode == "sparse" else 1
-    return (local_passes * local_keys + full).sum()
 
 
 @torch.no_grad()
@@ -61,22 +44,22 @@ def routing_stats(output, config, mode=None):
     the routed layers, nan if there are none), 'model_ideal_flop_frac' and 'model_computed_flop_frac' (the
     whole model's attention FLOPs relative to an all-dense model)."""
     T, H, device = output.seq_len, config.n_head, output.logits.device
+    pairs = output.logits.shape[0] * H  # (sequence, head) pairs: the layers' counts are summed over them
     dense_keys = keys_read("dense", T, config.window, config.n_sink, device).float()
     local_keys = keys_read("local", T, config.window, config.n_sink, device).float()
     counted = mode or output.routed_mode
-    sees_local = config.router_sees_local and config.routing == "learned"
     global_frac, mean_p, ideal, computed, ran = [], [], [], [], []
-    for kind, hard, p in zip(config.kinds, output.gates, output.probs):
+    for kind, hard, p, keys in zip(config.kinds, output.gates, output.probs, output.attention_keys):
         if kind == "routed":
             g = hard.float()  # (B, H, T)
             frac = g.mean(dim=(0, 2))
             ideal_keys = (g * dense_keys + (1 - g) * local_keys).mean(dim=(0, 1)).sum()
-            computed_keys = routed_keys_computed(g, counted, dense_keys, local_keys, sees_local)
-            ran_keys = computed_keys if output.routed_mode == counted else \
-                routed_keys_computed(g, output.routed_mode, dense_keys, local_keys, sees_local)
         else:
             frac = torch.full((H,), 1.0 if kind == "dense" else 0.0, device=device)
-            ideal_keys = computed_keys = ran_keys = (dense_keys if kind == "dense" else local_keys).sum()
+            ideal_keys = (dense_keys if kind == "dense" else local_keys).sum()
+        ran_keys = keys / pairs  # what the pass's kernels computed (kernels/layer.py), per (sequence, head)
+        computed_keys = ran_keys if counted == output.routed_mode or kind != "routed" else \
+            sequence_keys(kind, hard, counted, T, config.window, config.n_sink, device=device) / pairs  # another mode's
         global_frac.append(frac)
         mean_p.append(p.float().mean(dim=(0, 2)) if p is not None else torch.full((H,), math.nan, device=device))
         ideal.append(ideal_keys / dense_keys.sum())

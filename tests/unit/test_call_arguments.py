@@ -8,7 +8,7 @@ from dataclasses import asdict
 import pytest
 import torch
 
-import model as model_module
+import kernels.layer
 import sample
 from kernels.attention import attention
 from model import GPT, GPTConfig
@@ -42,7 +42,7 @@ def test_generation_runs_routed_layers_sparse_in_prefill_and_decode_whatever_the
     torch.manual_seed(0)
     model = GPT(small_config(schedule="RL", routed_mode="exact", router_init_std=1.0)).eval()
     prefill_modes, call_modes = [], []
-    monkeypatch.setattr(model_module, "attention", lambda *a, kind, mode, **kw: (
+    monkeypatch.setattr(kernels.layer, "attention", lambda *a, kind, mode, **kw: (
         prefill_modes.append(mode) if kind == "routed" else None) or attention(*a, kind=kind, mode=mode, **kw))
     forward = GPT.forward
 

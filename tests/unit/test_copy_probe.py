@@ -71,7 +71,7 @@ def test_layer_weights_are_the_attention_each_layer_computed(schedule, overrides
         out = model(x, x)
         for hook in hooks:
             hook.remove()
-        for attn, (h, cos, sin, *_), (y, hard, _) in seen:
+        for attn, (h, cos, sin, *_), (y, hard, *_) in seen:
             weights = layer_weights(attn, h, cos, sin, hard)
             B, T, C = h.shape
             v = attn.qkv(h).view(B, T, 3, attn.n_head, attn.head_dim).permute(2, 0, 3, 1, 4)[2]

@@ -6,7 +6,8 @@ from kernels.attention import attention
 from model import GPT, GPTConfig, Router, apply_rotary, rotary_tables
 from nanoaha.checkpoint import load_model_state
 from nanoaha.pruning import prune_checkpoint
-from nanoaha.routing_stats import global_heads_per_token, keys_read, routing_stats
+from kernels.layer import keys_read
+from nanoaha.routing_stats import global_heads_per_token, routing_stats
 
 
 def with_router_bias(model, bias):
@@ -197,7 +198,7 @@ def test_without_a_gradient_routed_layers_run_sparse_and_compute_what_exact_comp
     cfg = small_config(schedule="RLR", n_layer=3, router_init_std=1.0, n_sink=2, routed_mode="exact")
     model, x = GPT(cfg).double(), tokens()
     modes = []
-    monkeypatch.setattr("model.attention", lambda *a, mode, **kw: modes.append(mode) or attention(*a, mode=mode, **kw))
+    monkeypatch.setattr("kernels.layer.attention", lambda *a, mode, **kw: modes.append(mode) or attention(*a, mode=mode, **kw))
     trained = model(x, x)
     assert modes == ["exact", "exact", "exact"] and trained.routed_mode == "exact"
     modes.clear()
@@ -274,7 +275,7 @@ def test_decode_reads_what_full_attention_reads_for_each_gate(schedule, n_sink, 
     reference backend's explicit masks), batch 3, each sequence and head with its own gates; both ways of
     reading the global heads (head by head as on the CPU, gathered as on CUDA); a router that reads the local
     output routes each decoded token from its window output, prefill (10 tokens at once) included."""
-    monkeypatch.setattr("model.decode_gathers", lambda q: gather)
+    monkeypatch.setattr("kernels.layer.decode_gathers", lambda q: gather)
     torch.manual_seed(0)
     cfg = small_config(schedule=schedule, n_sink=n_sink, router_init_std=2.0, n_layer=2, attention_backend="reference",
                        router_sees_local=sees_local)

@@ -1,0 +1,132 @@
+"""One layer's attention, every kind and both paths in one place: a whole sequence (training, evaluation, the
+prefill) through kernels.attention.attention, or new tokens against a KV cache (decode), reading only the window
+where a decision is local. It routes (it calls the layer's router, after the local output where the router reads
+it), runs the kernels, and counts the query-key pairs it computed: the routing statistics read that count
+(nanoaha/routing_stats.py) instead of re-deriving what ran.
+
+    layer_attention(q, k, v, kind, window, n_sink, route=..., sees_local=..., mode=..., backend=..., cache=...)
+
+route(local, token) -> (hard, gate, p): the layer's routing decision; local is the heads' local output where the
+router reads it (sees_local), else None; token None decides for the whole sequence, an int for that position of
+the new tokens (decode). cache: duck-typed like model.KVCache (write, length, window_keys, all_keys).
+"""
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from kernels.attention import attention
+
+
+class LayerAttention(NamedTuple):
+    y: torch.Tensor             # (B, H, T, D)
+    hard: torch.Tensor | None   # bool (B, H, T): the routed decisions (None unless routed)
+    p: torch.Tensor | None      # router probability (B, H, T) (None without a learned router)
+    keys: torch.Tensor          # query-key pairs the kernels computed, summed over batch, heads and queries
+
+
+def keys_read(kind, T, window, n_sink, device=None):
+    """Keys each query position of a sequence reads: (T,) for 'dense' and 'local' kinds."""
+    t = torch.arange(T, device=device)
+    if kind == "dense":
+        return t + 1
+    return torch.clamp(t + 1, max=window) + torch.clamp(t + 1 - window, min=0).clamp(max=n_sink)
+
+
+def sequence_keys(kind, hard, mode, T, window, n_sink, B=1, H=1, device=None):
+    """Query-key pairs a whole-sequence call computes, summed over (B, H, T): dense and local read their keys;
+    a routed layer reads the window for every token, plus every causal key for every token ('exact', which
+    needs the full output for the straight-through gradient) or for the global ones only ('sparse'). hard:
+    bool (B, H, T) for routed layers."""
+    if kind != "routed":
+        return B * H * keys_read(kind, T, window, n_sink, device).float().sum()
+    dense = keys_read("dense", T, window, n_sink, device).float()
+    local = keys_read("local", T, window, n_sink, device).float()
+    B, H = hard.shape[:2]
+    full = B * H * dense.sum() if mode == "exact" else (hard.float() * dense).sum()
+    return B * H * local.sum() + full
+
+
+def layer_attention(q, k, v, kind, window, n_sink=0, route=None, sees_local=False, mode="exact", backend="auto",
+                    cache=None):
+    """q, k, v: (B, H, T, D) of the new positions. Returns LayerAttention. A cache that holds positions already
+    takes the decode path; an empty one is filled by the sequence path (the prefill)."""
+    if cache is not None and cache.length > 0:
+        return _decode(q, k, v, kind, route, sees_local, cache)
+    B, H, T, _ = q.shape
+    hard = gate = p = local = None
+    if kind == "routed":
+        if sees_local:  # computed once: the router reads it, the routed kernel combines it
+            local = attention(q, k, v, kind="local", window=window, n_sink=n_sink, backend=backend)
+        hard, gate, p = route(local, None)
+    y = attention(q, k, v, kind=kind, window=window, n_sink=n_sink, gate=gate, mode=mode, backend=backend,
+                  local=local)
+    if cache is not None:
+        cache.write(k, v)
+    return LayerAttention(y, hard, p, sequence_keys(kind, hard, mode, T, window, n_sink, B, H, q.device))
+
+
+def _decode(q, k, v, kind, route, sees_local, cache):
+    """New queries against the KV cache, one at a time: a local decision reads only the sinks and the window, a
+    global one every cached key; no mask is built. Routed layers attend over the window for every head, then
+    over the full cache for the global heads only. A router that reads the local output decides each token
+    here, once its window output exists; another decides all new tokens first."""
+    B, H, T, D = q.shape
+    hard = p = None
+    if kind == "routed" and not sees_local:
+        hard, _, p = route(None, None)
+    ys, hards, ps, keys = [], [], [], torch.zeros((), device=q.device)
+    for t in range(T):
+        one = slice(t, t + 1)
+        cache.write(k[:, :, one], v[:, :, one])
+        if kind == "dense":
+            all_k, all_v = cache.all_keys()
+            ys.append(F.scaled_dot_product_attention(q[:, :, one], all_k, all_v))
+            keys += B * H * all_k.shape[2]
+            continue
+        window_k, window_v = cache.window_keys()
+        y = F.scaled_dot_product_attention(q[:, :, one], window_k, window_v)
+        keys += B * H * window_k.shape[2]
+        if kind == "routed":
+            if sees_local:
+                hard_t, _, p_t = route(y, t)
+            else:
+                hard_t, p_t = hard[:, :, one], None if p is None else p[:, :, one]
+            y = _decode_global(q[:, :, one], y, hard_t, cache)
+            keys += hard_t.sum() * cache.length  # a tensor: no host sync on the GPU
+            hards.append(hard_t)
+            ps.append(p_t)
+        ys.append(y)
+    def joined(parts):
+        return parts[0] if len(parts) == 1 else torch.cat(parts, 2)
+    if kind == "routed":
+        hard, p = joined(hards), None if ps[0] is None else joined(ps)
+    return LayerAttention(joined(ys), hard, p, keys)
+
+
+def _decode_global(q, y, hard, cache):
+    """A routed layer's decode step after its window output y: the full cache for the global heads."""
+    B, H, T, D = q.shape
+    if not decode_gathers(q):  # the CPU reads each global head's keys where they are (a gather copies them)
+        heads = [i for i, is_global in enumerate(hard.reshape(B * H).tolist()) if is_global]
+        if not heads:
+            return y
+        keys, values = cache.all_keys()
+        for i in heads:  # 4-D slices: SDPA's fused CPU kernel (2-D ones take a path ~3x slower at 8K keys)
+            b, h = divmod(i, H)
+            one = slice(b, b + 1), slice(h, h + 1)
+            y[one] = F.scaled_dot_product_attention(q[one], keys[one], values[one])
+        return y
+    if not hard.any():
+        return y
+    keys, values = cache.all_keys()
+    heads = hard.reshape(B * H).nonzero().squeeze(1)  # the (batch, head) pairs that went global
+    keys, values = (x.reshape(B * H, -1, D)[heads] for x in (keys, values))
+    full = F.scaled_dot_product_attention(q.reshape(B * H, 1, D)[heads], keys, values)
+    return y.reshape(B * H, 1, D).index_copy(0, heads, full).view(B, H, 1, D)
+
+
+def decode_gathers(q):
+    """Whether decode gathers the global heads' keys into one attention call (CUDA: one launch, no host sync
+    per head) rather than attending head by head where the keys lie (the CPU: no copy)."""
+    return q.is_cuda
