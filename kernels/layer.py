@@ -75,7 +75,7 @@ def _decode(q, k, v, kind, route, sees_local, cache):
     hard = p = None
     if kind == "routed" and not sees_local:
         hard, _, p = route(None, None)
-    ys, hards, ps, keys = [], [], [], torch.zeros((), device=q.device)
+    ys, hards, ps, keys = [], [], [], 0  # a number until a routed layer adds its global heads' keys (a tensor)
     for t in range(T):
         one = slice(t, t + 1)
         cache.write(k[:, :, one], v[:, :, one])
@@ -93,7 +93,7 @@ def _decode(q, k, v, kind, route, sees_local, cache):
             else:
                 hard_t, p_t = hard[:, :, one], None if p is None else p[:, :, one]
             y = _decode_global(q[:, :, one], y, hard_t, cache)
-            keys += hard_t.sum() * cache.length  # a tensor: no host sync on the GPU
+            keys = keys + hard_t.sum() * cache.length  # a tensor: no host sync on the GPU
             hards.append(hard_t)
             ps.append(p_t)
         ys.append(y)
@@ -101,7 +101,7 @@ def _decode(q, k, v, kind, route, sees_local, cache):
         return parts[0] if len(parts) == 1 else torch.cat(parts, 2)
     if kind == "routed":
         hard, p = joined(hards), None if ps[0] is None else joined(ps)
-    return LayerAttention(joined(ys), hard, p, keys)
+    return LayerAttention(joined(ys), hard, p, torch.as_tensor(keys, device=q.device))
 
 
 def _decode_global(q, y, hard, cache):
