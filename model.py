@@ -6,7 +6,8 @@ Where things are:
 - Attention.forward           q, k, v and the router, then kernels/layer.py: the layer's attention for a whole
                               sequence or per cached token, and the query-key pairs it computed
 - run_mode                    which routed mode a call runs ('exact' or 'sparse')
-- GPT.forward                 loss = LM loss + penalty_weight * mean router probability (the L1 penalty)
+- Routing                     how one call's routed layers decide (mode, threshold, forced global or local)
+- router_penalty              the loss is LM loss + lambda * mean router probability (the L1 penalty)
 - check_model_config          (the end of the file) the config's one-line errors
 - nanoaha/routing_stats.py    global fraction, mean p, ideal and computed attention FLOPs per layer and head
 - kernels/layer.py            one layer's attention (sequence and decode) and the pairs it computed
@@ -72,15 +73,51 @@ class GPTConfig:
 @dataclass
 class GPTOutput:
     logits: torch.Tensor
-    loss: torch.Tensor = None       # lm_loss + penalty
-    lm_loss: torch.Tensor = None
-    penalty: torch.Tensor = None    # what the router penalty added to the loss (penalty_weight * budget excess)
-    mean_p: torch.Tensor = None     # mean router probability over batch, positions, heads, routed layers
+    lm_loss: torch.Tensor = None    # the training loss is lm_loss + router_penalty(output, lambda, budget)
+    layer_p: torch.Tensor = None    # per routed layer, its mean router probability (zeros(1) without routers)
     gates: list = field(default_factory=list)  # per layer: bool (B, H, T) hard gate, or None (not routed)
     probs: list = field(default_factory=list)  # per layer: router p (B, H, T), or None
     seq_len: int = 0
     routed_mode: str = "exact"      # the mode routed layers ran in (forced-global steps run 'exact')
     attention_keys: list = field(default_factory=list)  # per layer: query-key pairs its kernels computed
+
+
+@dataclass(frozen=True)
+class Routing:
+    """How the routed layers decide and compute at one call of GPT.forward; the default is the trained model.
+    mode: what they compute in a call with a gradient, 'exact' or 'sparse' (None: config.routed_mode; a call
+    without a gradient runs 'sparse', run_mode). threshold: gate = p >= threshold (None: config.router_threshold;
+    evaluation sweeps it). force: 'global' or 'local', every decision of the routed layers in `layers` (None:
+    all of them) runs that path whatever the router says, while the router still gets its straight-through
+    gradient (exact mode) from both paths."""
+    mode: str | None = None
+    threshold: float | None = None
+    force: str | None = None
+    layers: frozenset | None = None
+
+    def __post_init__(self):
+        if self.mode not in (None, "exact", "sparse"):
+            raise ValueError(f"Routing(mode={self.mode!r}): use 'exact', 'sparse' or None")
+        if self.threshold is not None and not 0.0 <= self.threshold <= 1.0:
+            raise ValueError(f"Routing(threshold={self.threshold}) must be in [0, 1]")
+        if self.force not in (None, "global", "local"):
+            raise ValueError(f"Routing(force={self.force!r}): use 'global', 'local' or None")
+        if self.layers is not None and self.force is None:
+            raise ValueError("Routing(layers=...) names the layers `force` applies to: set force too")
+
+    def forced(self, layer):
+        """What this call forces layer `layer` to do: 'global', 'local' or None."""
+        return self.force if self.layers is None or layer in self.layers else None
+
+
+def router_penalty(output, weight, budget=0.0):
+    """The router penalty training adds to output.lm_loss: weight * mean over routed layers of max(0,
+    mean_p(layer) - budget), mean_p(layer) the layer's mean router probability; with budget 0 a plain L1 push
+    towards local, with a budget no layer is pushed below that rate (per layer, so one busy layer cannot hide
+    another's collapse). weight: a number, or a tensor with one per routed layer."""
+    layer_p = output.layer_p
+    weight = torch.as_tensor(weight, dtype=layer_p.dtype, device=layer_p.device)
+    return (weight * torch.clamp(layer_p - budget, min=0.0)).mean()
 
 
 def rotary_tables(head_dim, length, base):
@@ -117,9 +154,9 @@ class Router(nn.Module):
         head_dim = config.n_embd // config.n_head
         self.local_weight = nn.Parameter(torch.empty(config.n_head, head_dim)) if config.router_sees_local else None
 
-    def forward(self, x, threshold=None, force_global=False, local=None):
-        """threshold: None for the trained one (config.router_threshold). local: (B, H, T, D) the heads' local
-        attention outputs, with router_sees_local."""
+    def forward(self, x, threshold=None, force=None, local=None):
+        """threshold: None for the trained one (config.router_threshold). force: 'global' or 'local' (Routing).
+        local: (B, H, T, D) the heads' local attention outputs, with router_sees_local."""
         if self.logits is not None:
             logits = self.logits(x).float().transpose(1, 2)  # (B, H, T)
         else:
@@ -130,8 +167,8 @@ class Router(nn.Module):
         hard = p >= (self.config.router_threshold if threshold is None else threshold)
         if self.training and self.config.router_explore > 0:
             hard = hard | (torch.rand_like(p) < self.config.router_explore)
-        if force_global:
-            hard = torch.ones_like(hard)
+        if force is not None:
+            hard = torch.full_like(hard, force == "global")
         gate = hard.to(p.dtype)
         return hard, gate + (p - p.detach()) if torch.is_grad_enabled() else gate, p  # no gradient: no STE ops
 
@@ -157,9 +194,10 @@ class Attention(nn.Module):
         learned = kind == "routed" and config.routing == "learned"
         self.router = Router(config) if learned else None
 
-    def forward(self, x, cos, sin, mode, threshold=None, force_global=False, cache=None):
+    def forward(self, x, cos, sin, mode, threshold=None, force=None, cache=None):
         """mode: what routed layers compute ('exact' or 'sparse', from run_mode); threshold: the router's
-        (None: the trained one). Returns (output, hard gate, p, query-key pairs computed)."""
+        (None: the trained one); force: 'global' or 'local' (Routing). Returns (output, hard gate, p, query-key
+        pairs computed)."""
         B, T, C = x.shape
         qkv = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
         if cos is not None:  # rotary positions (else learned absolute ones were added to the input)
@@ -170,7 +208,7 @@ class Attention(nn.Module):
 
         def route(local, token):  # token: one position of x (decode with a router that reads its local output)
             inputs = x if token is None else x[:, token:token + 1]
-            return self.route(inputs, threshold, force_global, local)
+            return self.route(inputs, threshold, force, local)
 
         out = layer_attention(q, k, v, self.kind, cfg.window, cfg.n_sink, route=route,
                               sees_local=self.router is not None and cfg.router_sees_local, mode=mode,
@@ -178,19 +216,19 @@ class Attention(nn.Module):
         y = out.y.transpose(1, 2).reshape(B, T, C)
         return self.dropout(self.proj(y)), out.hard, out.p, out.keys
 
-    def route(self, x, threshold, force_global, local=None):
+    def route(self, x, threshold, force, local=None):
         """(hard gate, STE gate, p) for routed layers, (None, None, None) otherwise."""
         if self.kind != "routed":
             return None, None, None
         if self.router is not None:
-            return self.router(x, threshold, force_global, local)
+            return self.router(x, threshold, force, local)
         B, T, _ = x.shape
         q = self.config.random_global_q
         q = q[self.layer] if isinstance(q, list) else q
         q = torch.tensor(q, device=x.device).view(1, -1, 1) if isinstance(q, list) else q  # per head
         hard = torch.rand(B, self.n_head, T, device=x.device) < q
-        if force_global:
-            hard = torch.ones_like(hard)
+        if force is not None:
+            hard = torch.full_like(hard, force == "global")
         return hard, hard.float(), None
 
 
@@ -223,8 +261,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x, cos, sin, mode, threshold=None, force_global=False, cache=None):
-        a, hard, p, keys = self.attn(self.ln_1(x), cos, sin, mode, threshold, force_global, cache)
+    def forward(self, x, cos, sin, mode, threshold=None, force=None, cache=None):
+        a, hard, p, keys = self.attn(self.ln_1(x), cos, sin, mode, threshold, force, cache)
         x = x + a
         return x + self.mlp(self.ln_2(x)), hard, p, keys
 
@@ -245,26 +283,17 @@ class GPT(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
         self.init_weights()
 
-    def forward(self, idx, targets=None, penalty_weight=0.0, router_budget=0.0, force_global=False, cache=None,
-                routed_mode=None, router_threshold=None):
-        """idx: (B, T) token ids. targets: (B, T), -1 = ignored. The loss is lm_loss + penalty, the penalty
-        penalty_weight * mean over routed layers of max(0, mean_p(layer) - router_budget), mean_p(layer) the
-        layer's mean router probability: with the default budget 0 a plain L1 push towards local; with a budget,
-        no layer is pushed below that rate (per layer, so one busy layer cannot hide another's collapse).
-        penalty_weight: a number, or a tensor with one weight per layer with a learned router.
-        force_global: every routed head of this call runs full attention (the router still gets its
-        straight-through gradient).
-        cache: list of KVCache (generation); positions continue from what the cache has seen.
-        routed_mode: the mode routed layers train in at this call (None: config.routed_mode; train.py passes
-        'exact' before sparse_from_iter); run_mode says what a call without a gradient runs.
-        router_threshold: gate = p >= this (None: config.router_threshold; evaluation sweeps it), or a list with one
-        per layer (None: the trained one), e.g. inf for one layer to force its routers local."""
+    def forward(self, idx, targets=None, routing=None, cache=None):
+        """idx: (B, T) token ids. targets: (B, T), -1 = ignored: the output then has lm_loss and layer_p, from
+        which training adds router_penalty. routing: a Routing (None: Routing(), the trained model). cache: list
+        of KVCache (generation); positions continue from what the cache has seen."""
+        routing = routing or Routing()
         B, T = idx.shape
         start = cache[0].length if cache else 0
         if start + T > self.config.block_size:
             raise ValueError(f"sequence of {start + T} tokens is longer than block_size={self.config.block_size}")
-        trained = self.config.routed_mode if routed_mode is None else routed_mode
-        mode = run_mode(trained, force_global, generating=bool(cache))
+        trained = self.config.routed_mode if routing.mode is None else routing.mode
+        mode = run_mode(trained, routing.force == "global" and routing.layers is None, generating=bool(cache))
         x = self.wte(idx)
         if self.wpe is not None:
             x, cos, sin = x + self.wpe(torch.arange(start, start + T, device=idx.device)), None, None
@@ -273,8 +302,8 @@ class GPT(nn.Module):
         x = self.drop(x)
         gates, probs, keys = [], [], []
         for i, block in enumerate(self.blocks):
-            threshold = router_threshold[i] if isinstance(router_threshold, (list, tuple)) else router_threshold
-            x, hard, p, layer_keys = block(x, cos, sin, mode, threshold, force_global, cache[i] if cache else None)
+            x, hard, p, layer_keys = block(x, cos, sin, mode, routing.threshold, routing.forced(i),
+                                           cache[i] if cache else None)
             gates.append(hard)
             probs.append(p)
             keys.append(layer_keys)
@@ -286,9 +315,7 @@ class GPT(nn.Module):
         lm_loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
         layer_p = [p.mean() for p in probs if p is not None]
         layer_p = torch.stack(layer_p) if layer_p else lm_loss.new_zeros(1)
-        weight = torch.as_tensor(penalty_weight, dtype=layer_p.dtype, device=layer_p.device)
-        penalty = (weight * torch.clamp(layer_p - router_budget, min=0.0)).mean()
-        return GPTOutput(logits, lm_loss + penalty, lm_loss, penalty, layer_p.mean(), gates, probs, T, mode, keys)
+        return GPTOutput(logits, lm_loss, layer_p, gates, probs, T, mode, keys)
 
     def init_weights(self):
         """GPT-2's init: normal(0.02), residual projections scaled down by depth; routers last, from a forked RNG."""

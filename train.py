@@ -24,7 +24,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from data.loader import TokenData
-from model import GPT, RUNTIME_KEYS, GPTConfig, GPTOutput
+from model import GPT, RUNTIME_KEYS, GPTConfig, GPTOutput, Routing, router_penalty
 from data.atomic_files import write_json
 from nanoaha.checkpoint import (BEST_NAME, load_checkpoint, load_model_state, load_resume_checkpoint, save_best,
                                 save_checkpoint)
@@ -115,6 +115,7 @@ class Run:
 class Step:
     """What a training step leaves for the log line and the loop."""
     out: GPTOutput      # the last micro-step's output
+    loss: list          # its [loss, lm_loss, penalty added, mean p] as numbers
     lr: float
     lam: object         # the penalty weight: a number, or a tensor with one weight per routed layer
     force_global: bool
@@ -312,7 +313,9 @@ def train_step(run, signals):
     held_local = routers_held_local(it, tcfg)
     # drawn every step, so the data order does not depend on router_local_iters; held local wins
     force_global = bool(torch.rand((), generator=run.generator) < tcfg.p_dense) and not held_local
-    out, loss_ok = forward_backward(run, lam, force_global, routed_mode_at(it, tcfg, run.mcfg), held_local)
+    routing = Routing(mode=routed_mode_at(it, tcfg, run.mcfg),
+                      force="local" if held_local else "global" if force_global else None)
+    out, loss, loss_ok = forward_backward(run, lam, routing)
     if run.scaler.is_enabled():
         run.scaler.unscale_(run.optimizer)
     params = run.trainable_params
@@ -328,14 +331,15 @@ def train_step(run, signals):
         run.scaler.update()
         run.optimizer.zero_grad(set_to_none=True)
         update_controller(run, out, force_global)
-    run.losses.append(out.loss.item())
+    run.losses.append(loss[0])
     run.train_time, run.steps_timed = run.train_time + time.time() - step_start, run.steps_timed + 1
-    return Step(out, lr, lam, force_global, held_local, stop)
+    return Step(out, loss, lr, lam, force_global, held_local, stop)
 
 
-def forward_backward(run, lam, force_global, routed_mode, held_local=False):
-    """This rank's slice of the global batch in grad_accum micro-steps (DDP syncs gradients on the last one);
-    returns the last micro-step's output and whether every micro-step's loss was finite."""
+def forward_backward(run, lam, routing):
+    """This rank's slice of the global batch in grad_accum micro-steps (DDP syncs gradients on the last one), each
+    micro-step's loss its LM loss plus the router penalty at weight lam; returns the last micro-step's output,
+    its [loss, lm_loss, penalty, mean p] and whether every micro-step's loss was finite."""
     tcfg = run.tcfg
     starts = run.data.train_starts(run.global_batch, run.generator)
     loss_ok = torch.ones((), dtype=torch.bool, device=run.device)
@@ -346,12 +350,13 @@ def forward_backward(run, lam, force_global, routed_mode, held_local=False):
         sync = not run.ddp or micro == tcfg.grad_accum - 1
         with nullcontext() if sync else run.model.no_sync():
             with run.autocast:
-                out = run.model(x, y, penalty_weight=lam, router_budget=tcfg.router_budget,
-                                force_global=force_global, routed_mode=routed_mode,
-                                router_threshold=math.inf if held_local else None)
-            run.scaler.scale(out.loss / tcfg.grad_accum).backward()
-        loss_ok &= torch.isfinite(out.loss.detach())
-    return out, loss_ok
+                out = run.model(x, y, routing)
+                penalty = router_penalty(out, lam, tcfg.router_budget)
+                loss = out.lm_loss + penalty
+            run.scaler.scale(loss / tcfg.grad_accum).backward()
+        loss_ok &= torch.isfinite(loss.detach())
+    parts = torch.stack([loss.detach(), out.lm_loss.detach(), penalty.detach(), out.layer_p.detach().mean()])
+    return out, parts.tolist(), loss_ok
 
 
 def any_rank(run, *flags):
@@ -470,8 +475,8 @@ def evaluate_and_save(run, final=False):
     # evaluate_losses draws from a fixed RNG (training's does not move); its 'computed' FLOPs count the model's
     # routed_mode, also during sparse_from_iter's exact steps
     # while router_local_iters holds the routers local, the model that trains is the all-local one
-    losses, stats = evaluate_losses(run.raw_model, run.val_batches, run.autocast, key_labels=run.val_key_labels,
-                                    router_threshold=math.inf if routers_held_local(it, tcfg) else None)
+    held = Routing(force="local") if routers_held_local(it, tcfg) else None
+    losses, stats = evaluate_losses(run.raw_model, run.val_batches, run.autocast, held, run.val_key_labels)
     val_loss = losses["val_loss"]
     finite = math.isfinite(val_loss)
     is_best = finite and val_loss < run.best_val
@@ -537,7 +542,7 @@ def log_step(run, step, dt):
     part). dt: seconds per step since the last log line."""
     out, tcfg, mcfg = step.out, run.tcfg, run.mcfg
     ranks = gathered(run, {"stats": routing_stats(out, run.raw_model.config),
-                           "losses": [out.loss.item(), out.lm_loss.item(), out.penalty.item(), out.mean_p.item()]})
+                           "losses": step.loss})
     if not run.master:
         return
     stats = mean_stats([r["stats"] for r in ranks])

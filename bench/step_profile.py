@@ -33,7 +33,7 @@ def profile(schedule, dtype, args):
 
     def step():
         with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
-            loss = model(x, x).loss
+            loss = model(x, x).lm_loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

@@ -51,7 +51,7 @@ CPU_QUICK = {"steps": 1, "warmup": 1, "rounds": 1, "block_size": 128}  # --quick
 
 def train_step(model, optimizer, x, device, dtype):
     with autocast_context(device, dtype):
-        loss = model(x, x).loss
+        loss = model(x, x).lm_loss
     loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from model import Routing
 from nanoaha.checkpoint import checkpoint_path, load_checkpoint, load_model
 from data.loader import TokenData
 from data.synthetic.tasks import UNKNOWN_LABEL
@@ -193,16 +194,15 @@ def ratio_or_nan(total, count):
 
 
 @torch.no_grad()
-def evaluate_losses(model, batches, autocast=None, force_global=False, router_threshold=None, key_labels=None,
-                    key_counts=None):
+def evaluate_losses(model, batches, autocast=None, routing=None, key_labels=None, key_counts=None):
     """The losses over the scored targets of the batches and their mean routing_stats, as ({'val_loss',
     'key_loss', 'other_loss', 'key_frac'}, stats). key_labels: a (B, T) bool per batch (label_key_tokens()); the
     loss over the key targets and over the others comes from the same forward passes as val_loss (nan for
     both without labels, and for a group without targets). Random routing draws from a forked RNG seeded 0:
     the same gates on every call, and the caller's RNG does not move. The model's train/eval mode is left as
     it was. Routed layers run 'sparse' here (no gradient): 'computed' FLOPs count the mode the model trains
-    in, 'model_inference_flop_frac' what this evaluation computed. router_threshold: the routers' threshold
-    for this evaluation (None: the model's). key_counts: a dict that gets, per (layer, head or 'any'), the
+    in, 'model_inference_flop_frac' what this evaluation computed. routing: a model.Routing for this evaluation
+    (None: the model as trained; a threshold sweep, routers forced local or global). key_counts: a dict that gets, per (layer, head or 'any'), the
     routed gates' label_counts against the key labels (key_routing reads it)."""
     device, training = next(model.parameters()).device, model.training
     model.eval()
@@ -212,7 +212,7 @@ def evaluate_losses(model, batches, autocast=None, force_global=False, router_th
         for i, (x, y) in enumerate(batches):
             x, y = x.to(device), y.to(device)
             with autocast or nullcontext():
-                out = model(x, y, force_global=force_global, router_threshold=router_threshold)
+                out = model(x, y, routing)
             n = int((y != -1).sum())
             loss_sum, scored = loss_sum + out.lm_loss.item() * n, scored + n
             if key_labels is not None:
@@ -248,10 +248,10 @@ def routing_report(counts):
             for (layer, head), c in counts.items()]
 
 
-def evaluate_loss(model, batches, autocast=None, force_global=False, router_threshold=None):
+def evaluate_loss(model, batches, autocast=None, routing=None):
     """Mean LM loss over the scored targets of the batches and their mean routing_stats (evaluate_losses
     without key labels)."""
-    losses, stats = evaluate_losses(model, batches, autocast, force_global, router_threshold)
+    losses, stats = evaluate_losses(model, batches, autocast, routing)
     return losses["val_loss"], stats
 
 
@@ -272,7 +272,7 @@ def threshold_sweep(model, batches, thresholds, autocast=None, key_labels=None):
         return []
     rows = []
     for threshold in thresholds:
-        losses, stats = evaluate_losses(model, batches, autocast, router_threshold=threshold, key_labels=key_labels)
+        losses, stats = evaluate_losses(model, batches, autocast, Routing(threshold=threshold), key_labels)
         summary = routing_summary(stats, model.config.kinds)
         split = {key: losses[key] for key in ("key_loss", "other_loss")} if key_labels is not None else {}
         rows.append({"threshold": float(threshold), "val_loss": losses["val_loss"], **split,
@@ -291,14 +291,13 @@ def forced_routing(model, batches, key_labels, autocast=None):
     config = model.config
     if not has_learned_router(config):
         return None
-    ways = [("global", {"force_global": True}), ("local", {"router_threshold": math.inf})]
+    ways = [("global", Routing(force="global")), ("local", Routing(force="local"))]
     for layer, kind in enumerate(config.kinds):
         if kind == "routed" and config.routing == "learned":
-            ways.append((f"local_layer{layer}", {"router_threshold": [math.inf if i == layer else None
-                                                                      for i in range(config.n_layer)]}))
+            ways.append((f"local_layer{layer}", Routing(force="local", layers=frozenset({layer}))))
     forced = {}
     for name, how in ways:
-        losses, _ = evaluate_losses(model, batches, autocast, key_labels=key_labels, **how)
+        losses, _ = evaluate_losses(model, batches, autocast, how, key_labels)
         forced[name] = {key: losses[key] for key in ("val_loss", "key_loss", "other_loss")}
     return forced
 

@@ -14,7 +14,7 @@ import sample
 import train
 from data.loader import TokenData
 from helpers import CPU_FP32, byte_corpus, run_script, train_configs
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, Routing
 from nanoaha.checkpoint import load_checkpoint, load_model, save_checkpoint
 from nanoaha.evaluation import (
     evaluate_checkpoint,
@@ -87,7 +87,7 @@ def test_threshold_sweep_runs_from_forced_global_to_forced_local(runs):
     assert len(set(fracs)) >= 4  # a curve, not a switch
     ideal = [row["attention_flop_frac_ideal"] for row in sweep]
     assert ideal == sorted(ideal, reverse=True) and ideal[0] == pytest.approx(1.0)
-    assert sweep[0]["val_loss"] == pytest.approx(evaluate_loss(model, batches, force_global=True)[0], rel=1e-6)
+    assert sweep[0]["val_loss"] == pytest.approx(evaluate_loss(model, batches, routing=Routing(force="global"))[0], rel=1e-6)
     assert sweep[-1]["val_loss"] == pytest.approx(forced_local_loss(runs.routed, batches), rel=1e-5)
     assert sweep[0]["val_loss"] != pytest.approx(sweep[-1]["val_loss"], rel=1e-4)  # the two ends differ
     trained = evaluate_loss(model, batches)[0]
@@ -174,7 +174,7 @@ def test_key_and_other_loss_split_the_val_loss_on_the_same_windows(runs):
     # forced global and forced local: the model with every routed head global, and with every layer local
     batches = batches_of(model, runs.corpus)
     forced = result["forced_routing"]
-    assert forced["global"]["val_loss"] == pytest.approx(evaluate_loss(model, batches, force_global=True)[0],
+    assert forced["global"]["val_loss"] == pytest.approx(evaluate_loss(model, batches, routing=Routing(force="global"))[0],
                                                          rel=1e-6)
     assert forced["local"]["val_loss"] == pytest.approx(forced_local_loss(runs.routed, batches), rel=1e-5)
     assert forced["global"]["key_loss"] != forced["local"]["key_loss"]

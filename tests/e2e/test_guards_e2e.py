@@ -55,7 +55,7 @@ def test_non_finite_steps_are_skipped_counted_and_leave_the_weights_alone(tmp_pa
         out = forward(self, idx, targets, **kwargs)
         if self.training:
             if calls[0] in poisoned:
-                out.loss = out.loss * float("nan")
+                out.lm_loss = out.lm_loss * float("nan")
             calls[0] += 1
         return out
 

@@ -49,18 +49,16 @@ def test_forced_global_steps_happen_at_rate_p_dense(tmp_path, tiny_corpus, capsy
 
 def test_training_passes_lambda_and_budget_to_the_loss(tmp_path, tiny_corpus, monkeypatch):
     calls = []
-    forward = GPT.forward
+    penalty = train.router_penalty
 
-    def recording_forward(self, idx, targets=None, **kwargs):
-        if self.training:
-            calls.append(kwargs)
-        return forward(self, idx, targets, **kwargs)
+    def recording_penalty(output, weight, budget=0.0):
+        calls.append((float(weight), budget))
+        return penalty(output, weight, budget)
 
-    monkeypatch.setattr(GPT, "forward", recording_forward)
+    monkeypatch.setattr(train, "router_penalty", recording_penalty)
     train.train(*tiny_train_configs(tmp_path, tiny_corpus, max_iters=4, router_lambda=0.5, router_lambda_ramp=2,
                          router_budget=0.25, eval_interval=100))
-    assert [c["router_budget"] for c in calls] == [0.25] * 4
-    assert [c["penalty_weight"] for c in calls] == [0.25, 0.5, 0.5, 0.5]
+    assert calls == [(0.25, 0.25), (0.5, 0.25), (0.5, 0.25), (0.5, 0.25)]
 
 
 def test_lambda_controller_raises_lambda_above_the_target_and_lowers_it_below_zero():

@@ -267,7 +267,7 @@ def test_sparse_global_skips_unreachable_tiles(rng):
 @pytest.mark.parametrize("mode", ["exact", "sparse"])
 def test_training_path_matches_torch_backend(mode):
     """A tiny model's loss and every parameter gradient agree between the triton and torch backends."""
-    from model import GPT, GPTConfig
+    from model import GPT, GPTConfig, router_penalty
 
     losses, grads = [], []
     for backend in ("triton", "torch"):
@@ -276,10 +276,11 @@ def test_training_path_matches_torch_backend(mode):
                            schedule="RL", router_init_std=1.0, routed_mode=mode, attention_backend=backend)
         model = GPT(config).to(DEVICE)
         x = torch.randint(64, (2, 40), generator=torch.Generator().manual_seed(1)).to(DEVICE)
-        out = model(x, x, penalty_weight=0.01)
+        out = model(x, x)
         assert 0 < out.gates[0].float().mean() < 1  # a real mix of global and local tokens
-        out.loss.backward()
-        losses.append(out.loss.detach())
+        loss = out.lm_loss + router_penalty(out, 0.01)
+        loss.backward()
+        losses.append(loss.detach())
         grads.append({name: p.grad for name, p in model.named_parameters()})
     torch.testing.assert_close(losses[0], losses[1], rtol=1e-5, atol=1e-5)
     for name, grad in grads[1].items():
@@ -291,7 +292,7 @@ def test_the_kernels_are_custom_ops_that_compile_without_graph_breaks(rng, mode)
     """torch.compile traces a model through the Triton attention (fullgraph: no graph break; in sparse mode with
     the gated-row count captured as train.py sets it), and the compiled model's loss and gradients are the
     eager ones; opcheck checks each op's fake and autograd."""
-    from model import GPT, GPTConfig
+    from model import GPT, GPTConfig, router_penalty
     q, k, v = (torch.randn(1, 2, 48, 16, generator=rng, device=DEVICE, requires_grad=True) for _ in range(3))
     torch.library.opcheck(triton_local.local_forward, (q, k, v, 8, 2))
     pos, valid = triton_attention.compact_gates(torch.rand(1, 2, 48, generator=rng, device=DEVICE) < 0.3)
@@ -307,7 +308,8 @@ def test_the_kernels_are_custom_ops_that_compile_without_graph_breaks(rng, mode)
     with torch._dynamo.config.patch(capture_scalar_outputs=True):
         for m in (model, compiled):
             model.zero_grad()
-            loss = m(x, y, penalty_weight=0.01).loss
+            out = m(x, y)
+            loss = out.lm_loss + router_penalty(out, 0.01)
             loss.backward()
             losses.append(loss.detach())
             grads.append([p.grad.clone() for p in model.parameters()])

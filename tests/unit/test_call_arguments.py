@@ -11,7 +11,7 @@ import torch
 import kernels.layer
 import sample
 from kernels.attention import attention
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, Routing
 from nanoaha.checkpoint import load_model_state, save_checkpoint
 from nanoaha.evaluation import evaluate_loss, threshold_sweep
 from nanoaha.generation_timing import timed_generate
@@ -66,9 +66,9 @@ def test_the_routed_mode_of_a_call_is_an_argument_and_leaves_the_config_alone(mo
     x, tcfg = tokens(), TrainConfig(sparse_from_iter=3)
     forbid_config_writes(monkeypatch)
     assert model(x, x).routed_mode == "sparse"
-    exact = model(x, x, routed_mode="exact")
+    exact = model(x, x, Routing(mode="exact"))
     assert exact.routed_mode == "exact" and model.config.routed_mode == "sparse"
-    assert model(x, x, routed_mode="exact", force_global=True).routed_mode == "exact"
+    assert model(x, x, Routing(mode="exact", force="global")).routed_mode == "exact"
     torch.testing.assert_close(exact.logits, model(x, x).logits)  # the same output, computed another way
     assert [routed_mode_at(it, tcfg, model.config) for it in range(5)] == ["exact"] * 3 + ["sparse"] * 2
 
@@ -81,9 +81,9 @@ def test_a_threshold_argument_routes_as_a_model_built_with_that_threshold(monkey
     built_at_08.load_state_dict(model.state_dict())
     forbid_config_writes(monkeypatch)
     with torch.no_grad():
-        fractions = [routing_stats(model(x, router_threshold=t), config)["routed_global_frac"].item()
+        fractions = [routing_stats(model(x, routing=Routing(threshold=t)), config)["routed_global_frac"].item()
                      for t in (0.2, 0.5, 0.8)]
-        torch.testing.assert_close(model(x, router_threshold=0.8).logits, built_at_08(x).logits)
+        torch.testing.assert_close(model(x, routing=Routing(threshold=0.8)).logits, built_at_08(x).logits)
     assert fractions[0] > fractions[1] > fractions[2]
     assert model.config.router_threshold == 0.5
 

@@ -3,7 +3,7 @@ import torch
 
 from helpers import small_config
 from kernels.attention import attention
-from model import GPT, GPTConfig, Router, apply_rotary, rotary_tables
+from model import GPT, GPTConfig, Router, Routing, apply_rotary, router_penalty, rotary_tables
 from nanoaha.checkpoint import load_model_state
 from nanoaha.pruning import prune_checkpoint
 from kernels.layer import keys_read
@@ -42,11 +42,10 @@ def test_ste_gradient_reaches_router_and_penalty_is_lambda_times_mean_probabilit
     torch.manual_seed(0)
     model = GPT(small_config(schedule="RL", router_init_std=0.5))
     x = tokens()
-    out = model(x, x, penalty_weight=0.3)
+    out = model(x, x)
     mean_p = out.probs[0].mean()  # one routed layer
-    torch.testing.assert_close(out.mean_p, mean_p)
-    torch.testing.assert_close(out.penalty, 0.3 * mean_p)  # what was added to the loss
-    torch.testing.assert_close(out.loss, out.lm_loss + 0.3 * mean_p)
+    torch.testing.assert_close(out.layer_p, mean_p.view(1))
+    torch.testing.assert_close(router_penalty(out, 0.3), 0.3 * mean_p)  # what training adds to the loss
     out.lm_loss.backward()  # the LM loss alone: the router's gradient can only come through the STE
     grad = model.blocks[0].attn.router.logits.weight.grad
     assert grad is not None and grad.abs().sum() > 0
@@ -76,9 +75,9 @@ def test_model_outputs_and_gradients_match_the_reference_backend(mode):
         model = GPT(small_config(schedule="RL", router_init_std=1.0, n_sink=2, routed_mode=mode,
                                  attention_backend=backend)).double()
         x = tokens()
-        out = model(x, x, penalty_weight=0.1)
+        out = model(x, x)
         assert 0 < out.gates[0].float().mean() < 1  # a real mix of global and local tokens
-        out.loss.backward()
+        (out.lm_loss + router_penalty(out, 0.1)).backward()
         results.append((out.logits.detach(), {n: p.grad for n, p in model.named_parameters()}))
     (logits, grads), (ref_logits, ref_grads) = results
     torch.testing.assert_close(logits, ref_logits)
@@ -117,7 +116,7 @@ def test_force_global_overrides_router_but_keeps_its_gradient():
     torch.manual_seed(0)
     model = GPT(small_config(schedule="R", router_init_bias=-5.0))
     x = tokens()
-    out = model(x, x, force_global=True)
+    out = model(x, x, Routing(force="global"))
     assert all(g.all() for g in out.gates)
     out.lm_loss.backward()
     assert model.blocks[0].attn.router.logits.bias.grad.abs().sum() > 0
@@ -150,7 +149,7 @@ def test_random_routing_is_content_free_with_rate_q():
     x = tokens(B=8)
     stats = routing_stats(model(x, x), model.config)
     assert abs(stats["routed_global_frac"].item() - 0.25) < 0.03
-    assert model(x, x).penalty.item() == 0.0 and model(x, x).mean_p.item() == 0.0
+    assert router_penalty(model(x, x), 0.5).item() == 0.0 and model(x, x).layer_p.tolist() == [0.0]
 
 
 def test_routing_stats_global_fraction_per_layer_and_head():
@@ -187,7 +186,7 @@ def test_routed_layer_flop_fraction_ideal_and_computed(mode, bias):
     computed = 1 + local if mode == "exact" or bias > 0 else local
     torch.testing.assert_close(stats["ideal_flop_frac"], ideal[None])
     torch.testing.assert_close(stats["computed_flop_frac"], computed[None])
-    forced = routing_stats(model(x, x, force_global=True), cfg)  # forced-global steps run exact mode
+    forced = routing_stats(model(x, x, Routing(force="global")), cfg)  # forced-global steps run exact mode
     torch.testing.assert_close(forced["computed_flop_frac"], (1 + local)[None])
 
 
@@ -204,7 +203,7 @@ def test_without_a_gradient_routed_layers_run_sparse_and_compute_what_exact_comp
     modes.clear()
     with torch.no_grad():
         evaluated = model(x, x)
-        forced = model(x, x, force_global=True)
+        forced = model(x, x, Routing(force="global"))
     assert modes == ["sparse"] * 3 + ["exact"] * 3 and evaluated.routed_mode == "sparse"
     assert 0 < evaluated.gates[0].float().mean() < 1  # a real mix of global and local tokens
     torch.testing.assert_close(evaluated.logits, trained.logits.detach())
@@ -337,8 +336,8 @@ def test_a_router_that_sees_the_local_output_matches_the_reference_backend(mode)
     out_fast, out_ref = fast(x, x), ref(x, x)
     assert 0.1 < out_fast.gates[0].float().mean() < 0.9
     torch.testing.assert_close(out_fast.logits, out_ref.logits, rtol=1e-4, atol=1e-4)
-    out_fast.loss.backward()
-    out_ref.loss.backward()
+    out_fast.lm_loss.backward()
+    out_ref.lm_loss.backward()
     for (name, a), b in zip(fast.named_parameters(), ref.parameters()):
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-3, atol=1e-5, msg=name)
 
@@ -367,12 +366,13 @@ def test_a_per_head_router_is_a_token_router_without_weights():
     router = per_head.blocks[0].attn.router
     assert [n for n, _ in router.named_parameters()] == ["bias"] and router.bias.shape == (2,)
     x = tokens()
-    out, ref = per_head(x, x, penalty_weight=0.3), per_token(x, x, penalty_weight=0.3)
+    out, ref = per_head(x, x), per_token(x, x)
     assert torch.equal(out.gates[0], (bias >= 0).view(1, 2, 1).expand_as(out.gates[0]))
     assert torch.equal(out.probs[0], torch.sigmoid(bias).view(1, 2, 1).expand_as(out.probs[0]))
-    torch.testing.assert_close(out.loss, ref.loss)
-    out.loss.backward()
-    ref.loss.backward()
+    loss, ref_loss = (o.lm_loss + router_penalty(o, 0.3) for o in (out, ref))
+    torch.testing.assert_close(loss, ref_loss)
+    loss.backward()
+    ref_loss.backward()
     assert router.bias.grad.abs().min() > 0
     torch.testing.assert_close(router.bias.grad, per_token.blocks[0].attn.router.logits.bias.grad)
 
@@ -387,8 +387,8 @@ def test_a_per_head_router_computes_what_the_reference_masks_give_and_decodes_fr
     x = tokens()
     out_fast, out_ref = fast(x, x), ref(x, x)
     torch.testing.assert_close(out_fast.logits, out_ref.logits, rtol=1e-4, atol=1e-4)
-    out_fast.loss.backward()
-    out_ref.loss.backward()
+    out_fast.lm_loss.backward()
+    out_ref.lm_loss.backward()
     for (name, a), b in zip(fast.named_parameters(), ref.parameters()):
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-3, atol=1e-5, msg=name)
     fast.eval()
@@ -443,14 +443,14 @@ def test_router_budget_applies_per_layer():
     torch.nn.init.constant_(model.blocks[0].attn.router.logits.bias, -3.0)  # layer 0: p = 0.047
     torch.nn.init.constant_(model.blocks[1].attn.router.logits.bias, 1.0)   # layer 1: p = 0.731
     x = tokens()
-    out = model(x, x, penalty_weight=1.0, router_budget=0.1)
+    out = model(x, x)
     p0, p1 = torch.sigmoid(torch.tensor(-3.0)), torch.sigmoid(torch.tensor(1.0))
-    torch.testing.assert_close(out.mean_p, (p0 + p1) / 2)
+    torch.testing.assert_close(out.layer_p, torch.stack([p0, p1]))
     # layer 0 is under the budget and costs nothing; a budget on the mean (0.39) would have charged it
-    torch.testing.assert_close(out.penalty, (p1 - 0.1) / 2)
-    torch.testing.assert_close(out.loss - out.lm_loss, (p1 - 0.1) / 2)
-    out = model(x, x, penalty_weight=1.0, router_budget=0.8)
-    torch.testing.assert_close(out.loss, out.lm_loss)
+    torch.testing.assert_close(router_penalty(out, 1.0, budget=0.1), (p1 - 0.1) / 2)
+    assert router_penalty(out, 1.0, budget=0.8).item() == 0.0
+    per_layer = router_penalty(out, torch.tensor([2.0, 1.0]), budget=0.0)  # one weight per routed layer
+    torch.testing.assert_close(per_layer, (2 * p0 + p1) / 2)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
