@@ -20,14 +20,6 @@ from helpers import documents_of, write_corpus, write_jsonl
 SPEECHES = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n" * 20
 
 
-@pytest.fixture
-def gpt2():
-    try:
-        return Encoder("gpt2")
-    except OSError as e:  # offline without the BPE files: set TIKTOKEN_CACHE_DIR (see the README)
-        pytest.skip(str(e))
-
-
 def all_documents(out_dir):
     return Counter(documents_of(out_dir, "train") + documents_of(out_dir, "val"))
 
@@ -118,18 +110,6 @@ def test_gpt2_bpe_ends_documents_with_the_end_of_text_token(tmp_path, gpt2):
     tokens = np.fromfile(tmp_path / "train.bin", dtype=np.uint16)
     assert (tokens == 50256).sum() == meta["train_documents"]  # special-token text inside a document stays text
     assert all_documents(tmp_path) == Counter(texts * 10)
-
-
-@pytest.mark.parametrize("encoding", ["bytes", "gpt2"])
-def test_parallel_encoding_writes_the_same_files(tmp_path, monkeypatch, encoding, request):
-    if encoding == "gpt2":
-        request.getfixturevalue("gpt2")
-    monkeypatch.setattr(data.prepare, "CHUNK_CHARS", 500)  # many chunks from a small input
-    source = write_jsonl(tmp_path / "docs.jsonl", [f"text {i} " * 20 for i in range(200)])
-    for name, num_proc in (("serial", 1), ("parallel", 2)):
-        prepare_files([source], str(tmp_path / name), encoding=encoding, num_proc=num_proc, progress=False)
-    for file in ("train.bin", "val.bin", "meta.json"):
-        assert (tmp_path / "serial" / file).read_bytes() == (tmp_path / "parallel" / file).read_bytes()
 
 
 def test_rerun_replaces_the_output_and_max_tokens_stops_early(tmp_path):
