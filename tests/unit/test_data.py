@@ -80,7 +80,7 @@ def test_doc_separator_keeps_every_document_including_the_last(tmp_path, monkeyp
     (tmp_path / "a.txt").write_text("\n\n".join(first))  # no separator after the last document
     (tmp_path / "b.txt").write_text("\n\n".join(second) + "\n\n")  # a separator at the end: no empty document
     meta = prepare_files([tmp_path / "a.txt", tmp_path / "b.txt"], str(tmp_path / "out"), doc_separator="\n\n",
-                         encoding="bytes", val_fraction=0.3, progress=False)
+                         encoding="bytes", val_fraction=0.3, num_proc=1, progress=False)  # no process: a unit test
     documents = first + second
     assert all_documents(tmp_path / "out") == Counter(documents)
     assert meta["train_documents"] + meta["val_documents"] == len(documents)
