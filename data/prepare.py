@@ -153,6 +153,11 @@ def _encoding_worker(connection, encoding, chars, inherited):
         encoder = Encoder(encoding, chars)
     except Exception as e:
         encoder = e
+    with contextlib.suppress(EOFError, BrokenPipeError):  # the preparer died (SIGKILL): nothing more will come
+        _serve(connection, encoder)
+
+
+def _serve(connection, encoder):
     for docs in iter(connection.recv, None):
         try:
             if isinstance(encoder, Exception):
