@@ -240,9 +240,23 @@ def write_summary(records, cfg, argv):
     return record, table
 
 
+def warn_oversubscribed(jobs, threads, cores=None):
+    """One warning line when the jobs' threads outnumber the CPU cores: they then take turns, and every run
+    (and its tokens/s in the record) is slower than the grid's budget assumes."""
+    cores = cores or os.cpu_count() or 1
+    if jobs * threads > cores:
+        print(f"WARNING: --jobs={jobs} x --threads={threads} = {jobs * threads} threads on {cores} CPU cores: the "
+              f"runs share the cores and each is slower; use jobs x threads <= {cores}", file=sys.stderr)
+
+
+stopped_by = None  # the signal that stopped the grid: the exit status is 128 + its number, as a shell's
+
+
 def stop_grid(signum, frame):
     """First signal: start no new training, let the running ones save a checkpoint and stop; then exit."""
+    global stopped_by
     if not runner.stop_requested.is_set():
+        stopped_by = signum
         print(f"\n{signal.Signals(signum).name}: stopping the running trainings (each saves a checkpoint)",
               file=sys.stderr, flush=True)
         runner.request_stop()
@@ -266,6 +280,7 @@ def main(argv):
         sys.exit(f"--jobs={cfg.jobs} --threads={cfg.threads}: use a positive number, or 0 for the default")
     cfg.jobs = cfg.jobs or os.cpu_count() or 1
     cfg.threads = cfg.threads or runner.threads_per_process(cfg.jobs)
+    warn_oversubscribed(cfg.jobs, cfg.threads)
     try:
         grid = load_grid(paths[0])
         jobs = plan(grid, cfg.out)
@@ -318,7 +333,7 @@ def run_grid(grid, jobs, cfg, argv, taken=None):
             signal.signal(sig, handler)
     if runner.stop_requested.is_set():
         print("interrupted: run the same command again to resume (complete runs are skipped)", file=sys.stderr)
-        return 130
+        return 128 + (stopped_by or signal.SIGINT)
     rows = rows_of(jobs, status, taken)
     table = record_table(rows, grid.references, grid.comparisons)
     record = write_record(grid, jobs, rows, table, cfg, argv, started, time.time() - started, taken)

@@ -25,8 +25,8 @@ import sys
 from data.atomic_files import atomic_write, write_json
 from nanoaha.configurator import paths_and_settings
 from nanoaha.key_tokens import check_key_k
-from nanoaha.evaluation import (SETTINGS, EvalConfig, check_key_window, check_thresholds, eval_settings,
-                                evaluate_checkpoint, find_checkpoints, format_result, markdown_table,
+from nanoaha.evaluation import (SETTINGS, EvalConfig, check_key_window, check_out_dir, check_thresholds,
+                                eval_settings, evaluate_checkpoint, find_checkpoints, format_result, markdown_table,
                                 recorded_settings, run_name, threshold_list, trained_data_dir)
 
 
@@ -56,6 +56,7 @@ def main(argv):
         check_thresholds(thresholds)
         check_key_k(cfg.key_k)
         check_key_window(cfg.key_window)
+        check_out_dir(cfg.out_dir)
         checkpoints = find_checkpoints(paths)
         names = [run_name(path) for path in checkpoints]
         if cfg.out_dir and len(set(names)) < len(names):

@@ -50,7 +50,8 @@ class GPTConfig:
     router_sees_local: bool = False  # each head's router also reads that head's local attention output (what
                                     # the window already found), not only the layer input
     router_per_token: bool = True   # False: one learned decision per head for every token, p = sigmoid(b_h)
-                                    # with no input (a per-head schedule the model learns)
+                                    # with no input (a per-head schedule the model learns); with routing='random',
+                                    # one draw per head and sequence instead of per token
     routed_mode: str = "exact"      # 'exact': full + local for every token; 'sparse': full only where gated
     attention_backend: str = "auto"
     rope_base: float = 10000.0
@@ -208,7 +209,7 @@ class Attention(nn.Module):
 
         def route(local, token):  # token: one position of x (decode with a router that reads its local output)
             inputs = x if token is None else x[:, token:token + 1]
-            return self.route(inputs, threshold, force, local)
+            return self.route(inputs, threshold, force, local, cache)
 
         out = layer_attention(q, k, v, self.kind, cfg.window, cfg.n_sink, route=route,
                               sees_local=self.router is not None and cfg.router_sees_local, mode=mode,
@@ -216,8 +217,9 @@ class Attention(nn.Module):
         y = out.y.transpose(1, 2).reshape(B, T, C)
         return self.dropout(self.proj(y)), out.hard, out.p, out.keys
 
-    def route(self, x, threshold, force, local=None):
-        """(hard gate, STE gate, p) for routed layers, (None, None, None) otherwise."""
+    def route(self, x, threshold, force, local=None, cache=None):
+        """(hard gate, STE gate, p) for routed layers, (None, None, None) otherwise. cache: a generation's
+        KVCache, which keeps a per-head random draw for the sequence's later tokens."""
         if self.kind != "routed":
             return None, None, None
         if self.router is not None:
@@ -226,7 +228,15 @@ class Attention(nn.Module):
         q = self.config.random_global_q
         q = q[self.layer] if isinstance(q, list) else q
         q = torch.tensor(q, device=x.device).view(1, -1, 1) if isinstance(q, list) else q  # per head
-        hard = torch.rand(B, self.n_head, T, device=x.device) < q
+        # per token, or without router_per_token one draw per head and sequence (a random per-head schedule)
+        if self.config.router_per_token:
+            hard = torch.rand(B, self.n_head, T, device=x.device) < q
+        else:
+            heads = cache.random_heads if cache is not None and cache.random_heads is not None else \
+                torch.rand(B, self.n_head, 1, device=x.device) < q
+            if cache is not None:
+                cache.random_heads = heads
+            hard = heads.expand(B, self.n_head, T).contiguous()
         if force is not None:
             hard = torch.full_like(hard, force == "global")
         return hard, hard.float(), None
@@ -394,6 +404,7 @@ class KVCache:
         self.n_sink = min(n_sink, max(0, capacity - window)) if self.local else n_sink
         self.k = self.v = self.sink_k = self.sink_v = None
         self.length = 0  # positions written so far
+        self.random_heads = None  # routing='random' without router_per_token: the sequence's draw per head
 
     @property
     def bytes(self):

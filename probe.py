@@ -7,6 +7,7 @@ the window on ordinary text and the global share.
     python probe.py out/grids/stdlib_live/LG__seed_2 out/grids/stdlib_live/routed_at_LG__seed_2 [--span=256]
     python probe.py out/grids/stdlib_live/ --out=out/probe.json
 """
+import os
 import sys
 from dataclasses import dataclass
 
@@ -26,7 +27,11 @@ class ProbeConfig:
     batch_size: int = 8
     device: str = "auto"
     dtype: str = "float32"        # the model's forward pass (the attention weights are recomputed in fp32)
-    out: str = ""                 # write every result to this JSON file
+    out: str = ""                 # write every result to this JSON file (its folder is created if missing)
+
+    def __post_init__(self):
+        if self.batch_size < 1:  # the parser turns this into one line, as evaluate.py's and prune.py's
+            raise ValueError(f"batch_size={self.batch_size} must be at least 1")
 
 
 def format_probe(r):
@@ -68,6 +73,8 @@ def main(argv):
     paths, cfg = paths_and_settings(argv, ProbeConfig, usage=__doc__)
     if not paths:
         sys.exit("name at least one checkpoint: python probe.py CKPT_OR_DIR [CKPT_OR_DIR ...] [--key=value ...]")
+    if cfg.out and os.path.isdir(cfg.out):  # before any probing: the JSON is written at the end
+        raise ValueError(f"--out={cfg.out} is a folder: name a JSON file, e.g. --out={os.path.join(cfg.out, 'probe.json')}")
     device = pick_device(cfg.device)
     results = []
     for path in find_checkpoints(paths):
@@ -76,6 +83,7 @@ def main(argv):
         results.append(result)
     print(summary_table(results))
     if cfg.out:
+        os.makedirs(os.path.dirname(cfg.out) or ".", exist_ok=True)
         write_json(cfg.out, results, indent=2)
         print(f"wrote {cfg.out}")
 

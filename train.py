@@ -377,6 +377,7 @@ def skip_step(run, bad_loss):
         tqdm.write(f"WARNING step {run.iter_num}: non-finite {'loss' if bad_loss else 'gradient'}, step skipped "
                    f"({run.nonfinite_run} in a row, {run.nonfinite_total} in all)")
     if run.nonfinite_run >= run.tcfg.max_nonfinite_steps:
+        write_summary(run)  # the summary of the last evaluation counted none of these steps
         kept = [f"{run.ckpt_path} holds step {run.saved_step}"] if run.saved_step is not None else []
         if run.best_step is not None:
             kept.append(f"{run.best_path} holds step {run.best_step} (val loss {run.best_val:.4f})")
@@ -505,8 +506,13 @@ def evaluate_and_save(run, final=False):
                        f"({run.ckpt_path} keeps the last good one)")
     if finite:
         save(run, is_best)
-    if run.master:
-        write_json(os.path.join(tcfg.out_dir, "train_summary.json"), run_summary(run, final))
+    write_summary(run, final)
+
+
+def write_summary(run, final=False):
+    """train_summary.json (rank 0), once an evaluation has given it numbers."""
+    if run.master and run.last_eval:
+        write_json(os.path.join(run.tcfg.out_dir, "train_summary.json"), run_summary(run, final))
 
 
 def record_at(history, entry):
@@ -570,8 +576,7 @@ def stop_on_signal(run, signals):
     """SIGTERM or SIGINT (on any rank): save this step, write the summary, end with 128 + the signal."""
     name = signal.Signals(signals.received).name if signals.received else "a signal on another rank"
     saved = save(run, is_best=False)
-    if run.master and run.last_eval:
-        write_json(os.path.join(run.tcfg.out_dir, "train_summary.json"), run_summary(run, final=False))
+    write_summary(run)
     where = f"saved {run.ckpt_path} at step {run.iter_num}; continue with --init_from=resume" if saved else \
         f"no checkpoint written at step {run.iter_num}"
     raise TrainingStopped(f"stopped by {name}: {where}", 128 + (signals.received or signal.SIGTERM))

@@ -9,7 +9,8 @@ A text file is one document, or several when --doc_separator is given. Every doc
 probability --val_fraction, drawn from a generator seeded with --seed, so the split is by document and the same
 for the same inputs and seed. Each document is followed by the encoding's end-of-text token. Input is streamed:
 it is read in chunks, encoded by --num_proc worker processes when it is larger than one chunk, and written as it
-comes, so a corpus larger than memory works.
+comes, so a corpus larger than memory works. The workers ignore Ctrl-C and SIGTERM sent to the process group:
+this process handles them and ends its workers.
 
 A re-run replaces the corpus in --out_dir, but only when the new one is complete: it is built in a staging
 folder inside --out_dir and its files are renamed into place at the end, meta.json last, so a failure (a bad
@@ -39,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from data.atomic_files import atomic_write  # noqa: E402
 from nanoaha.configurator import run_main  # noqa: E402
 from data.tokens import (ENCODINGS, Encoder, Interrupted, TokenWriter, check_replaceable,  # noqa: E402
-                         replacing_corpus, token_path, write_meta)
+                         replacing_corpus, signals_held, token_path, write_meta)
 
 CHUNK_CHARS = 1 << 20  # characters of text per unit of work for an encoding process
 
@@ -134,52 +135,91 @@ def chunked(documents):
         yield chunk
 
 
-_worker_encoder = None
+def _ignore_group_signals():
+    """A worker's first act: Ctrl-C, `timeout`, `kill -TERM -PGID` and schedulers signal the whole process group,
+    and stopping is the parent's to do (it kills its workers on the way out). A worker that died of the signal
+    took its chunk with it, and a pool that waited for that chunk waited for ever."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
-def _start_worker(encoding, chars):
-    # a forked worker inherits the parent's Python signal handlers: one that only sets a flag (train.py's,
-    # compare.py's) would make it survive the SIGTERM by which the pool ends it, and the pool wait forever
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    global _worker_encoder
-    _worker_encoder = Encoder(encoding, chars)
+def _encoding_worker(connection, encoding, chars, inherited):
+    """Chunks of documents in, their token arrays (or the error) out, through a pipe of its own, until None.
+    inherited: the other pipe ends a forked worker holds, closed so that a dead parent or sibling is an EOF."""
+    _ignore_group_signals()
+    for other in inherited:
+        other.close()
+    try:
+        encoder = Encoder(encoding, chars)
+    except Exception as e:
+        encoder = e
+    with contextlib.suppress(EOFError, BrokenPipeError):  # the preparer died (SIGKILL): nothing more will come
+        _serve(connection, encoder)
 
 
-def _encode_chunk(docs):
-    return [_worker_encoder.encode(doc) for doc in docs]
+def _serve(connection, encoder):
+    for docs in iter(connection.recv, None):
+        try:
+            if isinstance(encoder, Exception):
+                raise encoder
+            connection.send([encoder.encode(doc) for doc in docs])
+        except Exception as e:
+            connection.send(e)
+
+
+def _received(connection):
+    try:
+        result = connection.recv()
+    except EOFError:  # its worker died (not of a group signal, which it ignores): the run fails, it never waits
+        raise OSError("an encoding process died (killed, or out of memory?); prepare again, with a smaller "
+                      "--num_proc") from None
+    if isinstance(result, Exception):
+        raise result
+    return result
 
 
 def encoded_chunks(documents, encoder, num_proc):
     """Lists of token arrays, one list per chunk of documents, in input order. More than one chunk and
-    num_proc > 1: encoded by a process pool with at most 2 * num_proc chunks in flight, so memory stays bounded
-    whatever the input size."""
+    num_proc > 1: encoded by num_proc worker processes, one chunk each at a time (memory stays bounded whatever
+    the input size), the next chunk read while they encode."""
     chunks = chunked(documents)
     head = list(itertools.islice(chunks, 2))
     if num_proc <= 1 or len(head) < 2:
         for chunk in itertools.chain(head, chunks):
             yield [encoder.encode(doc) for doc in chunk]
         return
-    pool = multiprocessing.Pool(num_proc, _start_worker, (encoder.name, encoder.chars))
+    # Not multiprocessing.Pool: its workers share queues and locks, so one killed mid-send (a SIGTERM to the
+    # process group) hung Pool.terminate(), and one killed with a chunk hung Pool.join(). Here every worker has a
+    # pipe of its own: the workers ignore group signals, and the parent, whatever ends it, kills them at once.
+    pipes = [multiprocessing.Pipe() for _ in range(num_proc)]
+    ends = [end for pipe in pipes for end in pipe]
+    workers = []
     try:
-        pending = deque()
-        for chunk in itertools.chain(head, chunks):
-            pending.append(pool.apply_async(_encode_chunk, (chunk,)))
-            if len(pending) >= 2 * num_proc:
-                yield pending.popleft().get()
+        with signals_held():  # a forked worker would otherwise raise on a signal before it ignores it
+            for ours, theirs in pipes:
+                worker = multiprocessing.Process(target=_encoding_worker, args=(
+                    theirs, encoder.name, encoder.chars, [end for end in ends if end is not theirs]))
+                worker.start()
+                workers.append(worker)
+        for _, theirs in pipes:
+            theirs.close()  # the worker's end is the worker's: its death is then an EOF here, not a hang
+        pending = deque()  # the pipes of the workers at work, in the order of their chunks
+        for i, chunk in enumerate(itertools.chain(head, chunks)):
+            ours = pipes[i % num_proc][0]  # round robin: the worker that had the oldest chunk, when all are busy
+            done = _received(pending.popleft()) if len(pending) == num_proc else None
+            ours.send(chunk)
+            pending.append(ours)
+            if done is not None:
+                yield done
         while pending:
-            yield pending.popleft().get()
+            yield _received(pending.popleft())
     finally:  # also on an error, Ctrl-C, SIGTERM or max_tokens reached (GeneratorExit)
-        # not Pool.terminate(): it kills workers wherever they are, and one killed while sending a result holds
-        # the result queue's lock for ever, so the pool hangs joining its threads (1 interrupt in 2 did). The
-        # chunks in flight (at most 2 * num_proc) finish instead, and the workers exit; a second interrupt
-        # while they do terminates them.
-        pool.close()
-        try:
-            pool.join()
-        except BaseException:
-            pool.terminate()
-            raise
+        for worker in workers:
+            worker.kill()  # idle, or encoding a chunk no one will read: nothing is lost
+        for worker in workers:
+            worker.join()
+        for end in ends:
+            end.close()
 
 
 def prepare(documents, out_dir, encoding="gpt2", val_fraction=0.05, seed=0, source="", num_proc=None,

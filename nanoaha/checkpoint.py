@@ -7,6 +7,7 @@ trained in, since 2026-12-02), iter_num, best_val_loss, val/key/head/copy_histor
 router_lambda_state, data_meta (the corpus' meta.json) and rng (every RNG state, for exact resume). A run folder
 holds the latest (ckpt.pt) and the one with the best val loss (ckpt_best.pt).
 """
+import errno
 import os
 import shutil
 import sys
@@ -22,7 +23,27 @@ def checkpoint_path(path):
 
 
 def save_checkpoint(path, state):
-    atomic_write(path, lambda tmp: torch.save(state, tmp))
+    def write(tmp):
+        with open(tmp, "wb") as f:  # through Python's file: a full disk is an OSError, not torch's multi-line one
+            torch.save(state, f)
+    written(path, lambda: atomic_write(path, write))
+
+
+class DiskFull(OSError):
+    """A file that did not fit on the disk (or in the quota): run_main ends with its one line."""
+
+
+def written(path, write):
+    """write(), which writes path atomically; a full disk ends in one line that says so, where, and that the
+    previous file at path (untouched: the write went to a temporary file) is intact."""
+    try:
+        write()
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        kept = f"the previous {path} is intact" if os.path.exists(path) else f"no {path} was written"
+        raise DiskFull(f"the disk is full ({e.strerror}): cannot write {path}; {kept}; free space in "
+                       f"{os.path.dirname(os.path.abspath(path))} and run again") from None
 
 
 BEST_NAME = "ckpt_best.pt"
@@ -31,7 +52,7 @@ BEST_NAME = "ckpt_best.pt"
 def save_best(path, best_path):
     """Copy the checkpoint at path to best_path, atomically. A copy, not a hard link: damage to one file's
     blocks must leave the other readable."""
-    atomic_write(best_path, lambda tmp: shutil.copyfile(path, tmp))
+    written(best_path, lambda: atomic_write(best_path, lambda tmp: shutil.copyfile(path, tmp)))
 
 
 def load_resume_checkpoint(out_dir, device):
@@ -48,14 +69,22 @@ def load_resume_checkpoint(out_dir, device):
         return best, ckpt
 
 
+CHECKPOINT_KEYS = ("model", "model_config")  # in every checkpoint, since the first (pruned ones too)
+
+
 def load_checkpoint(path, device):
     path = checkpoint_path(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"no checkpoint at {path}: train one first (python train.py configs/NAME.py)")
     try:
-        return torch.load(path, map_location=device, weights_only=False)
+        ckpt = torch.load(path, map_location=device, weights_only=False)
     except Exception as e:
         raise ValueError(f"checkpoint {path} cannot be read ({e}); it is corrupt or not a nanoAHA checkpoint") from None
+    missing = [key for key in CHECKPOINT_KEYS if not isinstance(ckpt, dict) or key not in ckpt]
+    if missing:  # a PyTorch file of something else: its readers would fail on a KeyError
+        raise ValueError(f"{path} is not a nanoAHA checkpoint (a PyTorch file without {' or '.join(missing)}): "
+                         f"name a ckpt.pt that train.py or prune.py wrote")
+    return ckpt
 
 
 def load_model_state(model, state_dict, source, allow_new_routers=False):

@@ -93,6 +93,12 @@ def eval_settings(cfg, data_dir):
     return json.loads(json.dumps(values))
 
 
+def check_out_dir(out_dir):
+    """Before any work: an --out_dir that names a file would fail only when the results are written."""
+    if out_dir and os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise ValueError(f"--out_dir={out_dir} is a file: name a folder (a missing one is created)")
+
+
 def check_key_window(key_window):
     if key_window < 0:
         raise ValueError(f"key_window={key_window}: give the window key tokens lie beyond (>= 1), or 0 for each "
@@ -429,6 +435,10 @@ def evaluate_checkpoint(path, data_dir="", thresholds=DEFAULT_THRESHOLDS, contex
     data_dir = data_dir or trained_data_dir(path)
     model, trained_on = load_model(path, device, router_threshold)
     config = model.config
+    if key_window >= config.block_size:
+        raise ValueError(f"key_window={key_window} is not below the block_size={config.block_size} of "
+                         f"{checkpoint_path(path)}: no target of a window lies beyond it; give a smaller "
+                         f"--key_window (0: the model's window, {config.window})")
     data = eval_data(data_dir, config, f"checkpoint {checkpoint_path(path)}")
     batches = fixed_val_batches(data, eval_tokens, batch_size)
     n_windows = sum(len(x) for x, _ in batches)
@@ -446,6 +456,8 @@ def evaluate_checkpoint(path, data_dir="", thresholds=DEFAULT_THRESHOLDS, contex
         for note in data_notes(config, trained_on, data.meta):
             log(note)
     labels, k = label_key_tokens(batches, config, data.meta["vocab_size"], key_k, key_window)
+    if log and not any(label.any() for label in labels):
+        log(no_key_tokens_note(k, key_window or config.window, config.block_size))
     key_counts = {}
     losses, stats = evaluate_losses(model, batches, autocast, key_labels=labels, key_counts=key_counts)
     loss = losses["val_loss"]
@@ -466,6 +478,14 @@ def evaluate_checkpoint(path, data_dir="", thresholds=DEFAULT_THRESHOLDS, contex
     if "task" in data.meta:
         result["synthetic"] = evaluate_routing(model, data, "val", max_examples, batch_size)
     return json_ready(result)
+
+
+def no_key_tokens_note(k, window, block_size):
+    """Why an evaluation found no key tokens (their loss is then blank)."""
+    why = (f"a key token needs k + window < block_size, and {k} + {window} >= {block_size}"
+           if k + window >= block_size else
+           f"no {k}-token sequence of a window recurs, followed by the same token, from beyond {window} tokens back")
+    return f"note: no key tokens (k {k}, window {window}): {why}; a smaller --key_k or --key_window finds some"
 
 
 def minus(a, b):

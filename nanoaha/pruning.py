@@ -12,8 +12,8 @@ import torch
 from nanoaha.checkpoint import BEST_NAME, checkpoint_path, load_checkpoint, load_model, save_checkpoint
 from nanoaha.device import autocast_context, pick_device, pick_dtype
 from nanoaha.formatting import percent
-from nanoaha.evaluation import (DEFAULT_EVAL_TOKENS, eval_data, evaluate_loss, fixed_val_batches, kv_cache_summary,
-                        routing_summary, trained_data_dir)
+from nanoaha.evaluation import (DEFAULT_EVAL_TOKENS, check_out_dir, eval_data, evaluate_loss, fixed_val_batches,
+                                kv_cache_summary, routing_summary, trained_data_dir)
 from model import GPTConfig
 
 DEFAULT_MIN_GLOBAL_FRAC = 0.05  # prune.py's default level (routed layers global less often than this go local)
@@ -43,16 +43,20 @@ def prune(path, out_dir, min_global_frac=DEFAULT_MIN_GLOBAL_FRAC, data_dir="", c
           eval_tokens=DEFAULT_EVAL_TOKENS, batch_size=8, device="cpu", dtype="float32", overwrite=False):
     """Measure each routed layer's global fraction on the fixed val tokens, write the pruned checkpoint to
     out_dir/ckpt.pt and return what changed: layers pruned, val loss and KV-cache bytes before and after.
-    Refuses an out_dir that holds a checkpoint (another run's) unless overwrite."""
+    Refuses, before measuring, an out_dir that is a file or holds another run's files (its checkpoints, summary,
+    evaluation) unless overwrite."""
     if min_global_frac < 0:
         raise ValueError(f"min_global_frac={min_global_frac}: give a global fraction >= 0 "
                          f"({DEFAULT_MIN_GLOBAL_FRAC}: below {percent(DEFAULT_MIN_GLOBAL_FRAC, 0)})")
     source, target = checkpoint_path(path), os.path.join(out_dir, "ckpt.pt")
     if not out_dir or os.path.abspath(source) == os.path.abspath(target):
         raise ValueError("pass --out_dir=NEW_DIR, a folder other than the checkpoint's: pruning never overwrites it")
-    if os.path.exists(target) and not overwrite:
-        raise ValueError(f"{target} exists (another run's checkpoint): choose another --out_dir, or replace it "
-                         f"with --overwrite")
+    check_out_dir(out_dir)
+    held = [os.path.join(out_dir, name) for name in ("ckpt.pt", *REPLACED_RUN_FILES)
+            if os.path.exists(os.path.join(out_dir, name))]
+    if held and not overwrite:
+        raise ValueError(f"{', '.join(held)} exist{'s' if len(held) == 1 else ''} (another run's): choose another "
+                         f"--out_dir, or replace {'it' if len(held) == 1 else 'them'} with --overwrite")
     device = pick_device(device)
     torch_dtype = pick_dtype(dtype, device)
     autocast = autocast_context(device, torch_dtype)
@@ -69,9 +73,9 @@ def prune(path, out_dir, min_global_frac=DEFAULT_MIN_GLOBAL_FRAC, data_dir="", c
     record = {"from": source, "min_global_frac": min_global_frac, "data_dir": data_dir,
               "global_frac_per_layer": before["global_frac_per_layer"]}
     os.makedirs(out_dir, exist_ok=True)
-    for name in REPLACED_RUN_FILES:  # with --overwrite: what described the replaced run would now mislead
-        if os.path.exists(os.path.join(out_dir, name)):
-            os.remove(os.path.join(out_dir, name))
+    for old in held:  # with --overwrite (else refused above): what described the replaced run would mislead
+        if old != target:  # ckpt.pt itself is replaced atomically below
+            os.remove(old)
     save_checkpoint(target, prune_checkpoint(load_checkpoint(source, "cpu"), layers, record))
     pruned, _ = load_model(target, device)
     pruned_loss, pruned_stats = evaluate_loss(pruned, batches, autocast)

@@ -101,12 +101,17 @@ def check_config(tcfg, mcfg):
         raise ValueError("router_target_global needs learned routers: a schedule with R and routing='learned'")
     if tcfg.router_local_iters > 0 and not learned:
         raise ValueError("router_local_iters holds learned routers local: a schedule with R and routing='learned'")
-    if tcfg.router_local_iters > 0 and mcfg.routed_mode != "exact":
-        raise ValueError("router_local_iters: the routers learn from both attentions, which only routed_mode='exact' "
-                         "computes; use routed_mode='exact' (or sparse_from_iter after the held steps)")
+    held = tcfg.router_local_iters
+    if held > 0 and mcfg.routed_mode != "exact" and tcfg.sparse_from_iter < held:  # exact before sparse_from_iter
+        raise ValueError(f"router_local_iters={held}: the routers learn from both attentions, which only "
+                         f"routed_mode='exact' computes; use routed_mode='exact', or sparse_from_iter={held} or later "
+                         f"(exact mode through the held steps)")
     if tcfg.router_local_iters > 0 and mcfg.router_explore > 0:
         raise ValueError("router_local_iters holds every routed decision local, router_explore sends some global: "
                          "set one of them to 0")
+    if not mcfg.router_per_token and "R" not in mcfg.layer_letters:
+        raise ValueError(f"router_per_token=False decides per head in routed layers, and schedule={mcfg.schedule!r} "
+                         f"has none: drop router_per_token=False, or add R to the schedule")
     if tcfg.sparse_from_iter > 0 and mcfg.routed_mode != "sparse":
         raise ValueError("sparse_from_iter switches exact -> sparse: set routed_mode='sparse' with it")
     if tcfg.router_target_global > 0 and tcfg.router_lambda == 0:

@@ -15,7 +15,7 @@ if not torch.cuda.is_available():
     assert "kernels.triton_common" not in sys.modules, "Triton kernels were imported before TRITON_INTERPRET=1"
     os.environ["TRITON_INTERPRET"] = "1"
 
-from data.tokens import write_meta, write_tokens  # noqa: E402
+from data.tokens import Encoder, write_meta, write_tokens  # noqa: E402
 
 END_TO_END = Path(__file__).resolve().parent / "e2e"
 
@@ -26,6 +26,15 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if END_TO_END in Path(item.path).resolve().parents:
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture
+def gpt2():
+    """GPT-2's BPE encoder, or a skip saying why tiktoken cannot load it."""
+    try:
+        return Encoder("gpt2")
+    except OSError as e:  # offline without the BPE files: set TIKTOKEN_CACHE_DIR (see the README)
+        pytest.skip(str(e))
 
 
 @pytest.fixture

@@ -1,23 +1,27 @@
+import os
 import signal
 import sys
 
 import numpy as np
+import pytest
 
 import data.prepare
 import train
-from data.tokens import read_meta
+from data.prepare import prepare_files
+from data.tokens import Encoder, read_meta
 from helpers import CPU_FP32, ROOT, documents_of, flags, run_in_own_session, run_script, write_corpus, write_jsonl
 from model import GPT, GPTConfig
 from nanoaha.configurator import parse_args
 
 
-def test_encoding_workers_end_on_sigterm_whatever_handler_the_parent_installed(tmp_path):
-    # the pool ends its workers with SIGTERM; a forked worker that kept a parent's flag-only handler (train.py's,
-    # compare.py's) survived it, and the pool waited for it forever (CI hung in this file after test_compare)
+def test_encoding_workers_leave_signals_to_the_preparer_whatever_handler_it_installed(tmp_path):
+    # a signal to the process group is the preparer's to handle (it kills its workers): a worker that died of it
+    # lost its chunk and the pool waited for ever; one that kept a parent's flag-only handler (train.py's,
+    # compare.py's) survived the pool's own SIGTERM, and the pool waited for it for ever (CI hung here once)
     handlers = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        data.prepare._start_worker("bytes", None)
-        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        data.prepare._ignore_group_signals()
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     finally:
         for sig, handler in handlers.items():
@@ -30,6 +34,29 @@ def test_encoding_workers_end_on_sigterm_whatever_handler_the_parent_installed(t
         done = run_in_own_session([sys.executable, "-c", script, str(source), str(tmp_path / f"out{attempt}")],
                                   timeout=60, cwd=ROOT)
         assert done.returncode == 0
+
+
+@pytest.mark.parametrize("encoding", ["bytes", "gpt2"])
+def test_parallel_encoding_writes_the_same_files(tmp_path, monkeypatch, encoding, request):
+    if encoding == "gpt2":
+        request.getfixturevalue("gpt2")
+    monkeypatch.setattr(data.prepare, "CHUNK_CHARS", 500)  # many chunks from a small input
+    source = write_jsonl(tmp_path / "docs.jsonl", [f"text {i} " * 20 for i in range(200)])
+    for name, num_proc in (("serial", 1), ("parallel", 2)):
+        prepare_files([source], str(tmp_path / name), encoding=encoding, num_proc=num_proc, progress=False)
+    for file in ("train.bin", "val.bin", "meta.json"):
+        assert (tmp_path / "serial" / file).read_bytes() == (tmp_path / "parallel" / file).read_bytes()
+
+
+def test_an_encoding_error_in_a_worker_ends_the_preparation_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(data.prepare, "CHUNK_CHARS", 500)
+    source = write_jsonl(tmp_path / "docs.jsonl", [f"text {i} " * 20 for i in range(200)])
+    encode = Encoder.encode
+    monkeypatch.setattr(Encoder, "encode", lambda self, text: encode(self, text) if "text 150 " not in text else
+                        (_ for _ in ()).throw(ValueError("cannot encode document 150")))  # in the forked workers
+    with pytest.raises(ValueError, match="cannot encode document 150; no corpus was written"):
+        prepare_files([source], str(tmp_path / "out"), encoding="bytes", num_proc=2, progress=False)
+    assert os.listdir(tmp_path / "out") == []  # no staging folder left
 
 
 def test_python_stdlib_command_line(tmp_path):
@@ -51,9 +78,9 @@ def test_training_with_document_aligned_windows(tmp_path, monkeypatch):
     inputs = []  # (the repeat probe reads spans of its own, each twice: off here)
     forward = GPT.forward
 
-    def recording_forward(self, idx, targets=None, **kwargs):
+    def recording_forward(self, idx, targets=None, *args, **kwargs):
         inputs.append((self.training, idx.clone()))
-        return forward(self, idx, targets, **kwargs)
+        return forward(self, idx, targets, *args, **kwargs)
 
     monkeypatch.setattr(GPT, "forward", recording_forward)
     result = train.train(*parse_args(args, train.TrainConfig, GPTConfig))

@@ -35,17 +35,31 @@ def snapshot(folder):
             for name in sorted(os.listdir(folder))}
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_an_interrupted_stdlib_reprepare_leaves_the_previous_corpus(tmp_path, signum):
+@pytest.mark.parametrize("signum, group, encoding", [
+    (signal.SIGTERM, False, "bytes"), (signal.SIGINT, False, "bytes"),  # to the preparer alone
+    (signal.SIGTERM, True, "bytes"), (signal.SIGINT, True, "bytes"),  # to its process group: its workers too
+    (signal.SIGTERM, True, "gpt2")],  # as `timeout`, `kill -TERM -PGID` and schedulers send it
+    ids=["SIGTERM", "SIGINT", "SIGTERM-group", "SIGINT-group", "SIGTERM-group-gpt2"])
+def test_an_interrupted_stdlib_reprepare_leaves_the_previous_corpus(tmp_path, request, signum, group, encoding):
+    """A group SIGTERM killed the encoding workers with their chunks, and the pool waited for them until SIGKILL
+    (5 of 5), leaving the staging folder; a signal to the preparer alone closed and joined the pool, which once
+    ran past 60 s under load. The workers now ignore group signals and the preparer kills them, waiting for
+    nothing they hold."""
+    if encoding == "gpt2":
+        request.getfixturevalue("gpt2")
     out = tmp_path / "stdlib"
-    done = run_script("data/python_stdlib/prepare.py", f"--out_dir={out}", "--max_tokens=100000", "--num_proc=1")
+    done = run_script("data/python_stdlib/prepare.py", f"--out_dir={out}", "--max_tokens=100000", "--num_proc=1",
+                      f"--encoding={encoding}")
     assert done.returncode == 0, done.stderr
     before = snapshot(out)
-    with Script("-c", SLOW_STDLIB, f"--out_dir={out}", "--num_proc=2") as script:
+    with Script("-c", SLOW_STDLIB, f"--out_dir={out}", "--num_proc=2", f"--encoding={encoding}") as script:
         script.wait_for(f"preparing {out}")
         script.wait_for("300 documents read")
         assert any(name.startswith(STAGING) for name in os.listdir(out))  # half-written token files in there
-        script.send_signal(signum)
+        if group:
+            os.killpg(script.proc.pid, signum)
+        else:
+            script.send_signal(signum)
         status, _, stderr = script.finish(timeout=60)
     name = "SIGTERM" if signum == signal.SIGTERM else "SIGINT"
     assert status == 128 + signum, stderr

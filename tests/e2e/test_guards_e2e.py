@@ -1,5 +1,6 @@
 """Never lose a run: refused overwrites, non-finite steps, latest and best checkpoints, signals, setting ranges,
 resuming on other data, and one-line errors from every script."""
+import errno
 import json
 import math
 import signal
@@ -13,6 +14,7 @@ from data.tokens import write_meta, write_tokens
 from helpers import CPU_FP32, Script, flags, run_script, train_configs
 from model import GPT
 from nanoaha import checkpoint
+from nanoaha.configurator import run_main
 from nanoaha.training import TrainingStopped
 
 TINY = ["--block_size=32", "--window=8", "--n_layer=1", "--n_embd=32", "--n_head=2", "--eval_iters=1",
@@ -51,8 +53,8 @@ def test_non_finite_steps_are_skipped_counted_and_leave_the_weights_alone(tmp_pa
     forward, calls, stepped = GPT.forward, [0], []
     poisoned = {2, 3}  # training forwards (steps) whose loss becomes NaN
 
-    def poisoning_forward(self, idx, targets=None, **kwargs):
-        out = forward(self, idx, targets, **kwargs)
+    def poisoning_forward(self, idx, targets=None, *args, **kwargs):
+        out = forward(self, idx, targets, *args, **kwargs)
         if self.training:
             if calls[0] in poisoned:
                 out.lm_loss = out.lm_loss * float("nan")
@@ -83,6 +85,49 @@ def test_a_diverging_run_stops_and_keeps_its_last_good_checkpoints(tmp_path, tin
         assert all(torch.isfinite(t).all() for t in ckpt["model"].values())
     assert best["iter_num"] == 0 and best["best_val_loss"] < 6  # the untrained model was the best one
     assert latest["iter_num"] < 200
+
+
+def test_a_diverged_runs_summary_counts_its_non_finite_steps(tmp_path, tiny_corpus, monkeypatch, capsys):
+    """The summary of the last evaluation said nonfinite_steps: 0 after a run the log said skipped 2 and stopped."""
+    forward, calls = GPT.forward, [0]
+
+    def poisoning_forward(self, idx, targets=None, *args, **kwargs):
+        out = forward(self, idx, targets, *args, **kwargs)
+        if self.training:
+            calls[0] += 1
+            if calls[0] > 2:  # every step from step 2 on
+                out.lm_loss = out.lm_loss * float("nan")
+        return out
+
+    monkeypatch.setattr(GPT, "forward", poisoning_forward)
+    with pytest.raises(TrainingStopped, match="diverged: 2 non-finite steps in a row at step 3"):
+        train.train(*configs(tmp_path, tiny_corpus, max_iters=10, eval_interval=100, max_nonfinite_steps=2))
+    assert "(2 in a row, 2 in all)" in capsys.readouterr().out
+    summary = json.load(open(tmp_path / "out" / "train_summary.json"))
+    assert summary["nonfinite_steps"] == 2 and summary["iter_num"] == 3 and not summary["complete"]
+
+
+def test_a_full_disk_at_a_checkpoint_stops_training_in_one_line_and_keeps_the_earlier_one(tmp_path, tiny_corpus,
+                                                                                          monkeypatch):
+    """torch's writer ended the run with a multi-line traceback."""
+    save, saves = torch.save, []
+
+    def filling(obj, f, *args, **kwargs):
+        saves.append(obj["iter_num"])
+        if len(saves) > 1:  # the disk fills after the first checkpoint
+            f.write(b"partial")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", filling)
+    tcfg, mcfg = configs(tmp_path, tiny_corpus, max_iters=6, eval_interval=3)
+    with pytest.raises(SystemExit) as e:
+        run_main(lambda argv: train.train(tcfg, mcfg), [])
+    path = str(tmp_path / "out" / "ckpt.pt")
+    assert e.value.code == (f"error: the disk is full (No space left on device): cannot write {path}; the previous "
+                            f"{path} is intact; free space in {tmp_path / 'out'} and run again")
+    monkeypatch.undo()
+    assert saves == [0, 3] and checkpoint.load_checkpoint(path, "cpu")["iter_num"] == 0
 
 
 def test_a_non_finite_val_loss_writes_no_checkpoint(tmp_path, tiny_corpus, monkeypatch, capsys):

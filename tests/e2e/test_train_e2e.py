@@ -118,8 +118,8 @@ def test_sparse_from_iter_trains_exact_first_then_sparse(tmp_path, tiny_corpus, 
     modes = []
     forward = GPT.forward
 
-    def recording_forward(self, idx, targets=None, **kwargs):
-        out = forward(self, idx, targets, **kwargs)
+    def recording_forward(self, idx, targets=None, *args, **kwargs):
+        out = forward(self, idx, targets, *args, **kwargs)
         if self.training:
             modes.append(out.routed_mode)
         return out

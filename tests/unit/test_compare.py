@@ -1,5 +1,6 @@
 import json
 import os
+import signal
 import threading
 import time
 
@@ -410,6 +411,31 @@ def test_compare_refuses_a_bad_command_line_with_one_line(argv, message):
         compare.main(argv)
     assert str(e.value).startswith(message) and "\n" not in str(e.value)
 
+
+
+def test_more_threads_than_cores_get_one_warning_line(tmp_path, capsys, monkeypatch):
+    """--jobs=999 --threads=999 on 2 cores passed without a word."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    path = write_grid(tmp_path / "g.py", {"local": {"schedule": "L"}}, {"max_iters": 5})
+    assert compare.main([path, "--dry_run", "--jobs=999", "--threads=999", f"--out={tmp_path / 'out'}"]) == 0
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("WARNING: --jobs=999 x --threads=999 = 998001 threads on 2 CPU cores") and \
+        line.endswith("use jobs x threads <= 2")
+    for argv in (["--jobs=2", "--threads=1"], ["--jobs=1", "--threads=2"], []):  # the default: one per core
+        compare.main([path, "--dry_run", *argv, f"--out={tmp_path / 'out'}"])
+        assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_stopped_grid_exits_with_128_plus_its_signal(tmp_path, monkeypatch, capsys, signum):
+    """compare.py exited 130 on SIGTERM too; 143 is what a shell and a scheduler expect of it."""
+    monkeypatch.setattr(runner, "stop_requested", threading.Event())
+    monkeypatch.setattr(compare, "stopped_by", None)
+    monkeypatch.setattr(runner, "run_jobs", lambda *args, **kwargs: (compare.stop_grid(signum, None), {})[1])
+    grid = load_grid(write_grid(tmp_path / "g.py", {"local": {"schedule": "L"}}, {"max_iters": 5}))
+    cfg = compare.CompareConfig(jobs=1, threads=1, out=str(tmp_path / "out"))
+    assert compare.run_grid(grid, [], cfg, []) == 128 + signum
+    assert "run the same command again to resume" in capsys.readouterr().err
 
 
 def test_key_token_columns_appear_with_key_losses_and_compare_at_the_same_seed():

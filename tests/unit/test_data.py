@@ -20,14 +20,6 @@ from helpers import documents_of, write_corpus, write_jsonl
 SPEECHES = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n" * 20
 
 
-@pytest.fixture
-def gpt2():
-    try:
-        return Encoder("gpt2")
-    except OSError as e:  # offline without the BPE files: set TIKTOKEN_CACHE_DIR (see the README)
-        pytest.skip(str(e))
-
-
 def all_documents(out_dir):
     return Counter(documents_of(out_dir, "train") + documents_of(out_dir, "val"))
 
@@ -88,7 +80,7 @@ def test_doc_separator_keeps_every_document_including_the_last(tmp_path, monkeyp
     (tmp_path / "a.txt").write_text("\n\n".join(first))  # no separator after the last document
     (tmp_path / "b.txt").write_text("\n\n".join(second) + "\n\n")  # a separator at the end: no empty document
     meta = prepare_files([tmp_path / "a.txt", tmp_path / "b.txt"], str(tmp_path / "out"), doc_separator="\n\n",
-                         encoding="bytes", val_fraction=0.3, progress=False)
+                         encoding="bytes", val_fraction=0.3, num_proc=1, progress=False)  # no process: a unit test
     documents = first + second
     assert all_documents(tmp_path / "out") == Counter(documents)
     assert meta["train_documents"] + meta["val_documents"] == len(documents)
@@ -118,18 +110,6 @@ def test_gpt2_bpe_ends_documents_with_the_end_of_text_token(tmp_path, gpt2):
     tokens = np.fromfile(tmp_path / "train.bin", dtype=np.uint16)
     assert (tokens == 50256).sum() == meta["train_documents"]  # special-token text inside a document stays text
     assert all_documents(tmp_path) == Counter(texts * 10)
-
-
-@pytest.mark.parametrize("encoding", ["bytes", "gpt2"])
-def test_parallel_encoding_writes_the_same_files(tmp_path, monkeypatch, encoding, request):
-    if encoding == "gpt2":
-        request.getfixturevalue("gpt2")
-    monkeypatch.setattr(data.prepare, "CHUNK_CHARS", 500)  # many chunks from a small input
-    source = write_jsonl(tmp_path / "docs.jsonl", [f"text {i} " * 20 for i in range(200)])
-    for name, num_proc in (("serial", 1), ("parallel", 2)):
-        prepare_files([source], str(tmp_path / name), encoding=encoding, num_proc=num_proc, progress=False)
-    for file in ("train.bin", "val.bin", "meta.json"):
-        assert (tmp_path / "serial" / file).read_bytes() == (tmp_path / "parallel" / file).read_bytes()
 
 
 def test_rerun_replaces_the_output_and_max_tokens_stops_early(tmp_path):

@@ -253,6 +253,27 @@ def test_random_routing_rate_per_head_fixes_heads_global_or_local():
         small_config(schedule="LR", n_head=4, routing="random", random_global_q=[0.0, [1.0, 0.0, 0.0, 2.0]])
 
 
+def test_random_routing_per_head_draws_once_per_row_and_head_without_router_per_token():
+    """router_per_token=False with routing='random' drew per token anyway; now every token of a (row, head) has
+    its one draw (a random per-head schedule, also through a generation's KV cache), at the layer's rate; the
+    default stays a draw per token."""
+    torch.manual_seed(0)
+    x = tokens(B=64)
+    per_head = GPT(small_config(schedule="R", routing="random", random_global_q=0.5, router_per_token=False)).eval()
+    for gate in per_head(x, x).gates:
+        assert (gate == gate[:, :, :1]).all()  # (B, H, T): one decision per row and head
+        assert 0.35 < gate[:, :, 0].float().mean() < 0.65 and not (gate[0, 0, 0] == gate[:, :, 0]).all()
+    per_token = GPT(small_config(schedule="R", routing="random", random_global_q=0.5)).eval()
+    for gate in per_token(x, x).gates:
+        assert not (gate == gate[:, :, :1]).all() and 0.45 < gate.float().mean() < 0.55
+    cache = per_head.new_cache()
+    with torch.no_grad():
+        first = per_head(x[:4, :10], cache=cache).gates
+        later = [per_head(x[:4, t:t + 1], cache=cache).gates for t in range(10, 14)]
+    for layer, gate in enumerate(first):
+        assert all((step[layer] == gate[:, :, :1]).all() for step in later)  # decoding keeps the draw
+
+
 def test_routing_stats_flop_fraction():
     cfg = small_config(schedule="LG", window=8, n_sink=2)
     x = tokens(T=48)

@@ -16,16 +16,15 @@ from nanoaha.training import lr_at
 
 def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
     path = str(tmp_path / "ckpt.pt")
-    checkpoint.save_checkpoint(path, {"iter_num": 1})
+    checkpoint.save_checkpoint(path, {"model": {}, "model_config": {}, "iter_num": 1})
 
     def crash(obj, f, *args, **kwargs):
-        with open(f, "wb") as handle:
-            handle.write(b"partial")
+        f.write(b"partial")
         raise KeyboardInterrupt
 
     monkeypatch.setattr(torch, "save", crash)
     with pytest.raises(KeyboardInterrupt):
-        checkpoint.save_checkpoint(path, {"iter_num": 2})
+        checkpoint.save_checkpoint(path, {"model": {}, "model_config": {}, "iter_num": 2})
     assert checkpoint.load_checkpoint(path, "cpu")["iter_num"] == 1
     assert os.listdir(tmp_path) == ["ckpt.pt"]
 
