@@ -24,6 +24,7 @@ import sys
 
 from data.atomic_files import atomic_write, write_json
 from nanoaha.configurator import paths_and_settings
+from nanoaha.formats import stamp
 from nanoaha.key_tokens import check_key_k
 from nanoaha.evaluation import (SETTINGS, EvalConfig, check_key_window, check_out_dir, check_thresholds,
                                 eval_settings, evaluate_checkpoint, find_checkpoints, format_result, markdown_table,
@@ -90,7 +91,7 @@ def main(argv):
 
 def write_result(result, path):
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    write_json(path, result, indent=2)
+    write_json(path, stamp("evaluation", result), indent=2)
     print(f"wrote {path}")
 
 

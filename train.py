@@ -29,6 +29,7 @@ from data.atomic_files import write_json
 from nanoaha.checkpoint import (BEST_NAME, load_checkpoint, load_model_state, load_resume_checkpoint, save_best,
                                 save_checkpoint)
 from nanoaha.configurator import parse_args_or_exit, run_main
+from nanoaha.formats import stamp
 from nanoaha.copy_probe import probe_during_training, training_spans
 from nanoaha.device import DTYPES, autocast_context, dtype_label, dtype_name, peak_flops, pick_device, pick_dtype
 from nanoaha.evaluation import evaluate_losses, label_key_tokens
@@ -236,7 +237,7 @@ def resume(run):
     lambda controller and every RNG (exactly, with the same number of processes)."""
     tcfg = run.tcfg
     resumed_from, ckpt = load_resume_checkpoint(tcfg.out_dir, run.device)
-    keep_precision(run, ckpt.get("dtype"))  # checkpoints written before 2026-12-02 do not record it
+    keep_precision(run, ckpt["dtype"])  # None: unknown (nanoaha/formats.py)
     now = asdict(run.mcfg)
     changed = {k: (v, now.get(k)) for k, v in ckpt["model_config"].items() if now.get(k) != v and k not in RUNTIME_KEYS}
     if changed:
@@ -250,10 +251,8 @@ def resume(run):
     if ckpt["scaler"] is not None:
         run.scaler.load_state_dict(ckpt["scaler"])
     run.iter_num, run.best_val, run.val_history = ckpt["iter_num"], ckpt["best_val_loss"], ckpt["val_history"]
-    run.key_history = ckpt.get("key_history", [])  # checkpoints before key tokens (2026-12-02) have none
-    run.head_history = ckpt.get("head_history", [])  # ... and before 2026-12-03 none of this
-    run.copy_history = ckpt.get("copy_history", [])  # ... nor before 2026-12-04 the repeat probe
-    run.wall_before = ckpt.get("train_wall_s")  # before 2026-12-04 checkpoints kept no wall time: unknown
+    run.key_history, run.head_history, run.copy_history = ckpt["key_history"], ckpt["head_history"], ckpt["copy_history"]
+    run.wall_before = ckpt["train_wall_s"]  # None: unknown (an old checkpoint kept no wall time)
     # what the folder holds, for the divergence message: the resumed checkpoint, the best of the earlier steps
     run.saved_step = run.iter_num if resumed_from == run.ckpt_path else None
     run.best_step = next((step for step, loss in run.val_history if loss == run.best_val), None)
@@ -445,7 +444,7 @@ def checkpoint_state(run):
 def train_wall(run):
     """Seconds of training behind the model now, summed over the processes that trained it: what the resumed
     checkpoint carried plus this process's loop. A process killed without a checkpoint counts up to its last
-    one (its later steps are trained again); None where a checkpoint before 2026-12-04 left it unknown."""
+    one (its later steps are trained again); None where an old checkpoint left it unknown."""
     return None if run.wall_before is None else run.wall_before + time.time() - run.started
 
 
@@ -512,7 +511,8 @@ def evaluate_and_save(run, final=False):
 def write_summary(run, final=False):
     """train_summary.json (rank 0), once an evaluation has given it numbers."""
     if run.master and run.last_eval:
-        write_json(os.path.join(run.tcfg.out_dir, "train_summary.json"), run_summary(run, final))
+        summary = stamp("train_summary", run_summary(run, final))
+        write_json(os.path.join(run.tcfg.out_dir, "train_summary.json"), summary)
 
 
 def record_at(history, entry):

@@ -2,10 +2,11 @@
 built from one. train.py, sample.py, evaluate.py and prune.py all go through here.
 
 A checkpoint is a dict: model (state dict), optimizer, model_config, train_config, dtype (the precision it
-trained in, since 2026-12-02), iter_num, best_val_loss, val/key/head/copy_history (every evaluation's), train_wall_s
-(seconds of training behind it, summed over the processes that trained it, since 2026-12-04),
+trained in), iter_num, best_val_loss, val/key/head/copy_history (every evaluation's), train_wall_s (seconds of
+training behind it, summed over the processes that trained it),
 router_lambda_state, data_meta (the corpus' meta.json) and rng (every RNG state, for exact resume). A run folder
-holds the latest (ckpt.pt) and the one with the best val loss (ckpt_best.pt).
+holds the latest (ckpt.pt) and the one with the best val loss (ckpt_best.pt). Its format version and the
+migrations of older ones: nanoaha/formats.py.
 """
 import errno
 import os
@@ -16,6 +17,7 @@ import torch
 
 from data.atomic_files import atomic_write
 from model import GPT, GPTConfig
+from nanoaha.formats import stamp, upgrade
 
 def checkpoint_path(path):
     """A run's folder or a checkpoint file -> the file."""
@@ -25,7 +27,7 @@ def checkpoint_path(path):
 def save_checkpoint(path, state):
     def write(tmp):
         with open(tmp, "wb") as f:  # through Python's file: a full disk is an OSError, not torch's multi-line one
-            torch.save(state, f)
+            torch.save(stamp("checkpoint", state), f)
     written(path, lambda: atomic_write(path, write))
 
 
@@ -84,7 +86,7 @@ def load_checkpoint(path, device):
     if missing:  # a PyTorch file of something else: its readers would fail on a KeyError
         raise ValueError(f"{path} is not a nanoAHA checkpoint (a PyTorch file without {' or '.join(missing)}): "
                          f"name a ckpt.pt that train.py or prune.py wrote")
-    return ckpt
+    return upgrade("checkpoint", ckpt, path)
 
 
 def load_model_state(model, state_dict, source, allow_new_routers=False):

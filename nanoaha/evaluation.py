@@ -8,6 +8,7 @@ evenly spaced over the val split (data/loader.py), under an RNG seeded 0 (random
 two evaluations of a checkpoint give the same numbers to the last digit, and checkpoints of one block_size
 see the same tokens.
 """
+import copy
 import dataclasses
 import json
 import math
@@ -24,6 +25,7 @@ from data.loader import TokenData
 from data.synthetic.tasks import UNKNOWN_LABEL
 from data.tokens import read_meta
 from nanoaha.device import autocast_context, pick_device, pick_dtype
+from nanoaha.formats import portable_corpus_path, upgrade
 from nanoaha.formatting import fixed, human_bytes, percent, signed
 from nanoaha.key_tokens import batch_key_labels, check_key_k, resolve_key_k
 from nanoaha.train_config import corpus_dir
@@ -53,42 +55,21 @@ class EvalConfig:
 
 SETTINGS = ("data_dir", "eval_tokens", "thresholds", "router_threshold", "context_length", "batch_size",
             "max_examples", "key_k", "key_window", "dtype")  # what decides the numbers; device and out_dir do not
-ADDED_SETTINGS = {"key_window": 0}  # settings added later: a JSON written before one was evaluated at this value
-
-
-PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def portable_path(path):
-    """A corpus path as an evaluation records it: relative to the project root where it lies inside it, so a
-    record's evaluations match the same corpus in another checkout; absolute elsewhere."""
-    path = os.path.abspath(path)
-    relative = os.path.relpath(path, PROJECT_ROOT)
-    return path if relative == ".." or relative.startswith(".." + os.sep) else relative
 
 
 def recorded_settings(result):
-    """The settings an evaluation JSON records, a setting added since it was written read as the value it was
-    evaluated at; None where it records none (or is not an evaluation). A data_dir recorded absolute (before
-    2026-12-06) inside some checkout's data/ folder reads as the same path relative to this one's root."""
-    settings = result.get("settings") if isinstance(result, dict) else None
-    if not isinstance(settings, dict):
+    """The settings an evaluation JSON records, in the current format (nanoaha/formats.py); None where it
+    records none (or is not an evaluation)."""
+    if not isinstance(result, dict) or not isinstance(result.get("settings"), dict):
         return None
-    settings = {**ADDED_SETTINGS, **settings}
-    data_dir = settings.get("data_dir")
-    if isinstance(data_dir, str) and os.path.isabs(data_dir):
-        settings["data_dir"] = portable_path(data_dir)
-        head, sep, tail = data_dir.rpartition(os.sep + "data" + os.sep)
-        if os.path.isabs(settings["data_dir"]) and sep and tail:
-            settings["data_dir"] = os.path.join("data", tail)
-    return settings
+    return upgrade("evaluation", copy.deepcopy(result))["settings"]
 
 
 def eval_settings(cfg, data_dir):
     """The settings an evaluation records in its JSON ("settings"), as JSON reads them back: data_dir resolved
-    ("" is the first checkpoint's training corpus) and portable (portable_path), eval_tokens as asked for (the JSON's eval_tokens
+    ("" is the first checkpoint's training corpus) and portable (formats.portable_corpus_path), eval_tokens as asked for (the JSON's eval_tokens
     is what was used), thresholds as a list of floats."""
-    values = {**{key: getattr(cfg, key) for key in SETTINGS}, "data_dir": portable_path(data_dir),
+    values = {**{key: getattr(cfg, key) for key in SETTINGS}, "data_dir": portable_corpus_path(data_dir),
               "thresholds": [float(t) for t in threshold_list(cfg.thresholds)]}
     return json.loads(json.dumps(values))
 

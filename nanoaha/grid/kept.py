@@ -16,6 +16,7 @@ import os
 import shutil
 
 from nanoaha.grid.gridfile import GridError, dependencies, load_grid
+from nanoaha.grid.plan import read_summary
 from nanoaha.grid.tables import load_rows
 
 KEPT_FILES = ("train_summary.json", "eval.json", "launches.json", "train.log")
@@ -64,8 +65,7 @@ def refuse_checkpoint_needs(jobs, sources, what, needs=("init_from",)):
     """A run still to train from the checkpoint of a run taken from a record cannot: the record has none (nor,
     where its numbers alone were taken, the evaluation a "matched:" run takes its rates from)."""
     for job in jobs:
-        summary = os.path.join(job.out_dir, "train_summary.json")
-        if job in sources or (os.path.isfile(summary) and '"complete": true' in open(summary).read()):
+        if job in sources or (read_summary(job.out_dir) or {}).get("complete"):
             continue
         for dep in dependencies({k: v for k, v in job.overrides.items() if k in needs}):
             source = next((j for j in sources if j.key == (dep, job.seed)), None)

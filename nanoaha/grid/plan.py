@@ -10,6 +10,7 @@ import sys
 
 from model import GPTConfig
 from nanoaha.configurator import ConfigError, parse_args, read_config_file
+from nanoaha.formats import upgrade
 from nanoaha.grid.gridfile import GridError, dependencies, format_value, run_order
 from nanoaha.train_config import REPO as ROOT
 from nanoaha.train_config import TrainConfig, corpus_dir
@@ -128,6 +129,16 @@ def read_json(path):
         return None
 
 
+def read_summary(out_dir):
+    """The run's train_summary.json in the current format (nanoaha/formats.py); None where there is none."""
+    return upgrade("train_summary", read_json(os.path.join(out_dir, "train_summary.json")))
+
+
+def read_evaluation(out_dir):
+    """The run's eval.json in the current format; None where there is none."""
+    return upgrade("evaluation", read_json(eval_json(out_dir)))
+
+
 def matched_rates(job, out_root, grid):
     """random_global_q for a "matched:NAME" run: NAME's per-layer global fractions (same seed), 0 for layers
     that are not routed (a random rate is used by routed layers only). None until NAME's evaluation exists."""
@@ -187,7 +198,7 @@ def evaluation_with(out_dir, settings):
     """out_dir's eval.json when it records these settings (None: any); else None: missing, unreadable, or
     written by another evaluate command (evaluate.py --overwrite)."""
     from nanoaha.evaluation import recorded_settings  # evaluate.py's settings (as grid_eval_settings)
-    result = read_json(eval_json(out_dir))
+    result = read_evaluation(out_dir)
     if not isinstance(result, dict) or (settings is not None and recorded_settings(result) != settings):
         return None
     return result
@@ -227,7 +238,7 @@ def train_state(job, grid, out_root):
     """What the run needs: 'skip' (complete), 'resume' (a checkpoint short of max_iters), 'train' (nothing yet).
     A complete run without its checkpoint (kept by a record, nanoaha/grid/kept.py) is 'skip' when its eval.json
     is the grid's evaluation. Refuses a run folder trained with another command (delete it to retrain)."""
-    summary = read_json(os.path.join(job.out_dir, "train_summary.json"))
+    summary = read_summary(job.out_dir)
     has_ckpt = os.path.isfile(os.path.join(job.out_dir, "ckpt.pt"))
     complete = bool(summary and summary.get("complete") and summary.get("max_iters") == job.tcfg.max_iters)
     kept = complete and not has_ckpt and grid_evaluation(job) is not None
@@ -288,7 +299,7 @@ def describe(job, grid, out_root):
     elif state == "skip":
         what = "complete, skipped" + ("" if eval_state(job, grid) == "skip" else "; will be evaluated")
     elif state == "resume":
-        summary = read_json(os.path.join(job.out_dir, "train_summary.json")) or {}
+        summary = read_summary(job.out_dir) or {}
         what = f"will resume from step {summary.get('iter_num', '?')} of {job.tcfg.max_iters}"
     else:
         what = "will train"

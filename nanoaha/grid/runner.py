@@ -10,7 +10,7 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
 from data.atomic_files import write_json
 from nanoaha.grid.plan import (eval_argv, eval_json, eval_state, grid_evaluation, launches, matched_run, read_json,
-                               train_argv, train_state)
+                               read_summary, train_argv, train_state)
 
 
 # Stopping a grid (compare.py's SIGINT/SIGTERM handler calls request_stop): no new job starts, and every running
@@ -84,7 +84,7 @@ def execute(job, grid, out_root, log=log_line, threads=1):
             return f"failed: no evaluation of {matched_run(job)} seed {job.seed} to match"
         log(f"[{time.strftime('%H:%M:%S')}] {job.label}: {'resuming' if state == 'resume' else 'training'}")
         code = launch(job, "train", argv, "train.log", threads)
-        summary = read_json(os.path.join(job.out_dir, "train_summary.json")) or {}
+        summary = read_summary(job.out_dir) or {}
         if code in INTERRUPTED_CODES:
             return f"interrupted at step {summary.get('iter_num', '?')} (checkpoint saved): run again to resume"
         if stop_requested.is_set() and code in STOPPED_CODES:

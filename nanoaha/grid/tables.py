@@ -9,7 +9,8 @@ import os
 from data.atomic_files import write_json
 from nanoaha.formatting import human_bytes, percent, signed
 from nanoaha.grid.gridfile import GridError
-from nanoaha.grid.plan import grid_evaluation, launches, read_json
+from nanoaha.formats import stamp, upgrade
+from nanoaha.grid.plan import grid_evaluation, launches, read_json, read_summary
 
 SMALLEST_DIFFERENCE = 0.0005  # a same-seed difference that prints as 0.000 is no difference
 
@@ -18,7 +19,7 @@ def collect(job, status=None):
     """One job's numbers: from its evaluation (eval.json), its train_summary.json and its launches. A
     number that does not exist is None."""
     result = grid_evaluation(job) or {}  # only the evaluation the grid asked for, never another written over it
-    summary = read_json(os.path.join(job.out_dir, "train_summary.json")) or {}
+    summary = read_summary(job.out_dir) or {}
     complete = bool(summary.get("complete")) and summary.get("max_iters") == job.tcfg.max_iters and bool(result)
     train_wall = [launch["wall_s"] for launch in launches(job.out_dir) if launch["step"] == "train"]
     return {
@@ -32,11 +33,11 @@ def collect(job, status=None):
         "sweep": result.get("threshold_sweep") or [],
         "tokens_per_s": summary.get("tokens_per_s"),
         # train.py's own clock, kept in the checkpoint over resumes, counts a process the runner lost with it
-        # (killed at a session's end); before 2026-12-04 only the launches the runner saw finish
+        # (killed at a session's end); where an old summary has none, the launches the runner saw finish
         "wall_s": summary.get("train_wall_s") or (sum(train_wall) if train_wall else summary.get("wall_s")),
         "val_history": summary.get("val_history") or [],
         "key_history": summary.get("key_history") or [],
-        "copy_history": summary.get("copy_history") or [],  # train.py's repeat probe, since 2026-12-04
+        "copy_history": summary.get("copy_history") or [],  # train.py's repeat probe
         "per_layer_routing": per_layer_routing(result),
     }
 
@@ -442,23 +443,22 @@ def record_table(rows, references, comparisons):
 def save_rows(path, grid, rows):
     """rows.json of a record: the grid's name, references and comparisons and every row with its per-seed
     results, so that tables and plots can be drawn again from the record alone (load_rows)."""
-    write_json(path, {"grid": grid.name, "references": grid.references,
-                      "comparisons": {q: list(pair) for q, pair in grid.comparisons.items()},
-                      "rows": [dataclasses.asdict(r) for r in rows]})
+    write_json(path, stamp("rows", {"grid": grid.name, "references": grid.references,
+                                    "comparisons": {q: list(pair) for q, pair in grid.comparisons.items()},
+                                    "rows": [dataclasses.asdict(r) for r in rows]}))
 
 
 def load_rows(record):
-    """(grid name, references, rows, comparisons) from a record folder that compare.py wrote. Records written
-    before grids had comparisons (results/2026-12-01_stdlib_bytes, 2026-12-02_stdlib_bpe, which the README's
-    summary reads) have no "comparisons": none."""
+    """(grid name, references, rows, comparisons) from a record folder that compare.py wrote, in the current
+    format (nanoaha/formats.py)."""
     path = os.path.join(record, "rows.json")
-    saved = read_json(path) if os.path.isdir(record) else None
+    saved = upgrade("rows", read_json(path), path) if os.path.isdir(record) else None
     if not saved:
         raise GridError(f"{path} not found or not JSON: name a record folder that compare.py wrote "
                         f"(results/<date>_<grid>)")
     try:
         return (saved["grid"], saved["references"], [Row(**row) for row in saved["rows"]],
-                {q: tuple(pair) for q, pair in saved.get("comparisons", {}).items()})
+                {q: tuple(pair) for q, pair in saved["comparisons"].items()})
     except (KeyError, TypeError, ValueError) as e:
         raise GridError(f"{path} is not a rows.json that compare.py wrote ({type(e).__name__}: {e})") from None
 

@@ -13,7 +13,8 @@ import evaluate
 import prune
 from helpers import byte_corpus, write_grid
 from data.atomic_files import write_json
-from nanoaha.evaluation import PROJECT_ROOT, EvalConfig, eval_settings, evaluate_checkpoint, recorded_settings
+from nanoaha.evaluation import EvalConfig, eval_settings, evaluate_checkpoint, recorded_settings
+from nanoaha.formats import ROOT as PROJECT_ROOT
 from nanoaha.grid import runner
 from nanoaha.grid.gridfile import GridError, load_grid
 from nanoaha.grid.lock import LOCK_NAME, GridLock
@@ -42,12 +43,13 @@ def test_evaluate_refuses_to_replace_an_evaluation_written_with_other_settings(t
     evaluate.main([run, *FAST, f"--data_dir={other}", "--overwrite"])
     assert json.load(open(path))["settings"]["data_dir"] == os.path.abspath(other)  # outside the project: absolute
     written = json.load(open(path))
-    del written["settings"]["key_window"]
+    assert written["format"] == 1
+    del written["settings"]["key_window"], written["format"]
     write_json(path, written)  # an evaluation from before key_window: it was evaluated at its default, 0
     evaluate.main([run, *FAST, f"--data_dir={other}"])
     assert json.load(open(path))["settings"]["key_window"] == 0
     written = json.load(open(path))
-    del written["settings"]["key_window"]
+    del written["settings"]["key_window"], written["format"]
     write_json(path, written)
     with pytest.raises(SystemExit, match=r"other key_window \(0, not 4\).*--overwrite"):
         evaluate.main([run, *FAST, f"--data_dir={other}", "--key_window=4"])
@@ -77,9 +79,10 @@ def test_compare_reads_only_the_evaluation_its_grid_asked_for(tmp_path, prepared
                                                             "started": "x", "wall_s": 1.0, "returncode": 0}])
     ours = json.load(open(os.path.join(job.out_dir, "eval.json")))
     assert grid_evaluation(job) == ours and eval_state(job, grid) == "skip"
-    before_key_window = {**ours, "settings": {k: v for k, v in ours["settings"].items() if k != "key_window"}}
+    before_key_window = {**{k: v for k, v in ours.items() if k != "format"},
+                         "settings": {k: v for k, v in ours["settings"].items() if k != "key_window"}}
     write_json(os.path.join(job.out_dir, "eval.json"), before_key_window)  # evaluated before key_window existed
-    assert grid_evaluation(job) == before_key_window and eval_state(job, grid) == "skip"  # still the grid's
+    assert grid_evaluation(job) == ours and eval_state(job, grid) == "skip"  # still the grid's, read as it is now
     assert collect(job)["val_loss"] == ours["val_loss"]
     assert [collect(job)[key] for key in ("key_loss", "other_loss", "key_frac")] == \
         [ours["key_loss"], ours["other_loss"], ours["key_frac"]]  # kept in rows.json for tables to come
