@@ -27,10 +27,15 @@ def test_short_training_lowers_the_loss_at_the_scheduled_learning_rate(tmp_path,
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.5
     assert result["val_loss"] < losses[0]
     assert stepped_at == [pytest.approx([lr_at(it, tcfg)] * 2) for it in range(tcfg.max_iters)]
-    logged = re.findall(r"^iter (\d+): .* lr ([0-9.e+-]+) \|", capsys.readouterr().out, re.M)
+    out = capsys.readouterr().out
+    logged = re.findall(r"^iter (\d+): .* lr ([0-9.e+-]+) \|", out, re.M)
     assert len(logged) == tcfg.max_iters
     for it, lr in logged:  # the log shows the rate of the step it reports, to 3 digits
         assert float(lr) == pytest.approx(lr_at(int(it) - 1, tcfg), rel=5e-3)
+    best = min(loss for _, loss in json.load(open(tmp_path / "out" / "train_summary.json"))["val_history"])
+    assert out.splitlines()[-1].startswith(f"done: 40 steps in ") and f"best val loss {best:.4f} (step " in out
+    assert out.splitlines()[-1].endswith(f"; checkpoint {tmp_path / 'out' / 'ckpt.pt'}, best "
+                                         f"{tmp_path / 'out' / 'ckpt_best.pt'}")
 
 
 @pytest.mark.parametrize("p_dense", [0.0, 0.5, 1.0])

@@ -1,6 +1,7 @@
 import math
 import os
 import re
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -206,3 +207,18 @@ def test_a_float16_run_resumed_under_auto_keeps_its_gradient_scaler_and_its_cont
 
     fp32 = train.setup(*tiny_train_configs(tmp_path / "fp32", tiny_corpus, **overrides), False, 0, 1, "cpu")
     assert not fp32.scaler.is_enabled() and train.checkpoint_state(fp32)["scaler"] is None
+
+
+def test_a_run_ends_with_a_line_that_says_where_its_checkpoint_is_its_best_val_loss_and_its_time(tmp_path):
+    tcfg, _ = parse_args([f"--out_dir={tmp_path}"], TrainConfig, GPTConfig)
+    run = SimpleNamespace(tcfg=tcfg, val_batches=[(torch.zeros(4, 8), None)] * 3, best_val=1.83251, iter_num=750,
+                          val_history=[[0, 5.5], [250, 1.83251], [500, 1.9]], ckpt_path=str(tmp_path / "ckpt.pt"),
+                          best_path=str(tmp_path / "ckpt_best.pt"), wall_before=0.0, started=time.time() - 300)
+    assert train.closing_line(run, 300.0) == (
+        f"done: 750 steps in 5.0 min; best val loss 1.8325 (step 250; training's evaluation on its 12 val windows); "
+        f"checkpoint {tmp_path / 'ckpt.pt'}, best {tmp_path / 'ckpt_best.pt'}")
+    run.wall_before = 600.0  # resumed from a checkpoint of 10 minutes' training
+    assert "750 steps in 5.0 min (15.0 min with the steps it resumed); best" in train.closing_line(run, 300.0)
+    run.tcfg.save_checkpoint, run.best_val, run.started = False, math.inf, time.time() - 42
+    assert train.closing_line(run, 42.0).endswith("in 42 s (10.7 min with the steps it resumed); no finite val "
+                                                   "loss; no checkpoint written (save_checkpoint=False)")
