@@ -4,7 +4,8 @@ Tags:
 - scalars: whatever train.py logs (train/..., train_routing/...), val/loss, val/key_loss and val/other_loss
   (the loss on key tokens and on the others, nanoaha/key_tokens.py) and val_routing/... at each eval;
   per-head global fractions as {prefix}_heads_layer{l}/head{h} (one section per layer), and a Custom Scalars
-  layout with charts of each routed layer's heads (at most five a chart: one marker shape each);
+  layout: the evaluation's scalars in Margin charts (drawn without smoothing; key and other loss side by side)
+  and charts of each routed layer's heads (at most five a chart: one marker shape each);
 - histograms router_p/layer{l}: the router probabilities of every (batch, head, position) decision of the first
   val batch, per layer with a learned router, in fixed bins over [0, 1], the threshold in the name shown (and
   as the scalar router_p/threshold);
