@@ -74,7 +74,8 @@ def main(argv):
             result = evaluate_checkpoint(
                 path, data_dir, thresholds, context_length=cfg.context_length, eval_tokens=cfg.eval_tokens,
                 batch_size=cfg.batch_size, device=cfg.device, dtype=cfg.dtype, router_threshold=cfg.router_threshold,
-                max_examples=cfg.max_examples, key_k=cfg.key_k, key_window=cfg.key_window, log=print)
+                max_examples=cfg.max_examples, key_k=cfg.key_k, key_window=cfg.key_window, log=print,
+                progress=sys.stderr.isatty())
             print(format_result(result, cfg.dtype))
             write_result({**result, "settings": settings}, target)
             results.append(result)

@@ -4,6 +4,7 @@
     python sample.py --out_dir=out/quickstart --start=FILE:prompt.txt --temperature=0 --router_threshold=0.7
 """
 import sys
+from bisect import bisect_right
 from dataclasses import dataclass
 
 import torch
@@ -43,14 +44,47 @@ class SampleConfig:
             raise ValueError(f"router_threshold={self.router_threshold} must be in [0, 1]")
 
 
+# xterm-256 background colours from blue (the fewest heads global) to red (the most): RdYlBu reversed, as the
+# TensorBoard snippet; white text on the dark ones, black on the light ones
+PALETTE = (25, 32, 74, 117, 229, 222, 209, 166, 124)
+DARK = {25, 32, 166, 124}
+
+
+def routing_steps(counts, max_count, n_colours=len(PALETTE)):
+    """The colour scale of one text: from the fewest to the most heads that went global among its tokens, one step
+    per count where the text spans at most n_colours counts, else n_colours equal ranges of counts; the steps'
+    colours spread over the whole palette, so neighbouring counts differ at a glance whatever the text's level (a
+    fixed 0..max_count scale gave every token of a model at 10-16% global the same dark blue). A text of one count
+    takes its colour by that count's share of max_count. Returns (each token's step, [(lowest, highest count)
+    of each step], [the colour of each step])."""
+    low, high = min(counts), max(counts)
+    span = high - low + 1
+    edges = [low + round(i * span / min(span, n_colours)) for i in range(min(span, n_colours) + 1)]
+    ranges = [(a, b - 1) for a, b in zip(edges, edges[1:])]
+    last = len(PALETTE) - 1
+    if len(ranges) == 1:
+        colours = [PALETTE[round(low / max_count * last) if max_count else 0]]
+    else:
+        colours = [PALETTE[round(i * last / (len(ranges) - 1))] for i in range(len(ranges))]
+    steps = [bisect_right(edges, count) - 1 for count in counts]
+    return steps, ranges, colours
+
+
+def coloured(text, colour):
+    """text on an xterm-256 background, a newline shown as a coloured return sign before it (a background
+    behind a line break shows nothing)."""
+    start = f"\x1b[48;5;{colour}m\x1b[{30 if colour not in DARK else 97}m"
+    return f"{start}\u21b5\x1b[0m\n".join(f"{start}{part}\x1b[0m" if part else "" for part in text.split("\n"))
+
+
 def colour_by_routing(pieces, counts, max_count):
-    """ANSI background colours from blue (all local) to red (all heads global)."""
-    palette = [17, 18, 19, 20, 54, 90, 126, 160, 196]
-    out = []
-    for piece, count in zip(pieces, counts):
-        colour = palette[round(count / max_count * (len(palette) - 1))] if max_count else palette[0]
-        out.append(f"\x1b[48;5;{colour}m\x1b[97m{piece}\x1b[0m")
-    return "".join(out)
+    """The text with each token's background coloured by how many routed heads went global for it (of max_count),
+    on routing_steps' scale; and the legend: each step's colour with the counts it stands for."""
+    steps, ranges, colours = routing_steps(counts, max_count)
+    text = "".join(coloured(piece, colours[step]) for piece, step in zip(pieces, steps))
+    labels = [f"{a}" if a == b else f"{a}-{b}" for a, b in ranges]
+    legend = "".join(coloured(f" {label} ", colour) for label, colour in zip(labels, colours))
+    return text, legend
 
 
 def format_timings(t):
@@ -82,10 +116,12 @@ def main(argv):
         if cfg.show_routing and n_routed:
             with torch.no_grad():
                 counts = global_heads_per_token(model(tokens[None, -model.config.block_size:]))[0].tolist()
-            shown = tokens[-len(counts):].tolist()
-            print(colour_by_routing([decode([t]) for t in shown], counts, n_routed * model.config.n_head))
-            print(f"\n[colour: heads that went global per token, of {n_routed * model.config.n_head}; "
-                  f"{percent(sum(counts) / (len(counts) * n_routed * model.config.n_head))} global overall]")
+            shown, n_heads = tokens[-len(counts):].tolist(), n_routed * model.config.n_head
+            text, legend = colour_by_routing([decode([t]) for t in shown], counts, n_heads)
+            print(text)
+            print(f"\n[colour: routed heads that went global per token, of {n_heads}, scaled from the fewest to the "
+                  f"most in this text; {percent(sum(counts) / (len(counts) * n_heads))} global overall]")
+            print(f"[heads global: {legend}]")
         else:
             print(decode(tokens.tolist()))
         print(format_timings(timings))

@@ -292,6 +292,8 @@ def train_loop(run, signals):
         bar.close()
         evaluate_and_save(run, final=True)
         run.logger.hparams(run_hparams(tcfg, run.mcfg, dtype_name(run.dtype)))
+        if run.master:
+            print(closing_line(run, time.time() - run.started))
     finally:
         bar.close()
         run.logger.close()
@@ -570,6 +572,26 @@ def log_step(run, step, dt):
                "train/nonfinite_steps": run.nonfinite_total}
     run.logger.scalars(run.iter_num, {**scalars, **({"train/mfu": flops / peak} if peak else {})})
     run.logger.routing(run.iter_num, "train_routing", stats, mcfg.kinds)
+
+
+def minutes(seconds):
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
+
+
+def closing_line(run, wall):
+    """The run's last line: steps, this process's wall time (and the run's in all, where it resumed), the best
+    val loss (training's evaluation, on its own val windows: evaluate.py's fixed ones give another number) and
+    where the checkpoints are."""
+    n_windows = sum(len(x) for x, _ in run.val_batches)
+    step = next((step for step, loss in run.val_history if loss == run.best_val), None)
+    at = f"step {step}; " if step is not None else ""
+    best = f"best val loss {run.best_val:.4f} ({at}training's evaluation on its {n_windows} val windows)" \
+        if math.isfinite(run.best_val) else "no finite val loss"
+    total = train_wall(run)
+    resumed = f" ({minutes(total)} with the steps it resumed)" if total is not None and total > wall + 1 else ""
+    saved = f"checkpoint {run.ckpt_path}, best {run.best_path}" if run.tcfg.save_checkpoint else \
+        "no checkpoint written (save_checkpoint=False)"
+    return f"done: {run.iter_num:,} steps in {minutes(wall)}{resumed}; {best}; {saved}"
 
 
 def stop_on_signal(run, signals):

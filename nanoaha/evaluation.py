@@ -13,11 +13,13 @@ import dataclasses
 import json
 import math
 import os
+import sys
 from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm
 
 from model import Routing
 from nanoaha.checkpoint import checkpoint_path, load_checkpoint, load_model
@@ -181,7 +183,8 @@ def ratio_or_nan(total, count):
 
 
 @torch.no_grad()
-def evaluate_losses(model, batches, autocast=None, routing=None, key_labels=None, key_counts=None):
+def evaluate_losses(model, batches, autocast=None, routing=None, key_labels=None, key_counts=None,
+                    progress=None):
     """The losses over the scored targets of the batches and their mean routing_stats, as ({'val_loss',
     'key_loss', 'other_loss', 'key_frac'}, stats). key_labels: a (B, T) bool per batch (label_key_tokens()); the
     loss over the key targets and over the others comes from the same forward passes as val_loss (nan for
@@ -189,8 +192,9 @@ def evaluate_losses(model, batches, autocast=None, routing=None, key_labels=None
     the same gates on every call, and the caller's RNG does not move. The model's train/eval mode is left as
     it was. Routed layers run 'sparse' here (no gradient): 'computed' FLOPs count the mode the model trains
     in, 'model_inference_flop_frac' what this evaluation computed. routing: a model.Routing for this evaluation
-    (None: the model as trained; a threshold sweep, routers forced local or global). key_counts: a dict that gets, per (layer, head or 'any'), the
-    routed gates' label_counts against the key labels (key_routing reads it)."""
+    (None: the model as trained; a threshold sweep, routers forced local or global). key_counts: a dict that gets,
+    per (layer, head or 'any'), the routed gates' label_counts against the key labels (key_routing reads it).
+    progress: called after each batch (a progress bar's update)."""
     device, training = next(model.parameters()).device, model.training
     model.eval()
     loss_sum, scored, key_sum, n_key, other_sum, stats = 0.0, 0, 0.0, 0, 0.0, []
@@ -210,6 +214,8 @@ def evaluate_losses(model, batches, autocast=None, routing=None, key_labels=None
                     count_gates(key_counts, out.gates, torch.where(y.cpu() == -1, UNKNOWN_LABEL,
                                                                    key_labels[i].long()))
             stats.append(routing_stats(out, model.config, mode=model.config.routed_mode))
+            if progress:
+                progress()
     model.train(training)
     labelled = key_labels is not None
     return {"val_loss": ratio_or_nan(loss_sum, scored),
@@ -251,7 +257,7 @@ def has_learned_router(config):
     return config.routing == "learned" and "routed" in config.kinds
 
 
-def threshold_sweep(model, batches, thresholds, autocast=None, key_labels=None):
+def threshold_sweep(model, batches, thresholds, autocast=None, key_labels=None, progress=None):
     """Loss (and with key_labels the key and other loss), global fraction and attention FLOPs of one trained
     model at each router threshold; [] for a model without learned routers."""
     check_thresholds(thresholds)
@@ -259,7 +265,8 @@ def threshold_sweep(model, batches, thresholds, autocast=None, key_labels=None):
         return []
     rows = []
     for threshold in thresholds:
-        losses, stats = evaluate_losses(model, batches, autocast, Routing(threshold=threshold), key_labels)
+        losses, stats = evaluate_losses(model, batches, autocast, Routing(threshold=threshold), key_labels,
+                                        progress=progress)
         summary = routing_summary(stats, model.config.kinds)
         split = {key: losses[key] for key in ("key_loss", "other_loss")} if key_labels is not None else {}
         rows.append({"threshold": float(threshold), "val_loss": losses["val_loss"], **split,
@@ -269,7 +276,7 @@ def threshold_sweep(model, batches, thresholds, autocast=None, key_labels=None):
     return rows
 
 
-def forced_routing(model, batches, key_labels, autocast=None):
+def forced_routing(model, batches, key_labels, autocast=None, progress=None):
     """The losses of a model with learned routers with every routed head forced global, and forced local (a
     threshold above every router probability): how much the key tokens gain from global attention; and with
     one routed layer at a time forced local, the others as trained ('local_layer{i}'): what each layer's global
@@ -284,7 +291,7 @@ def forced_routing(model, batches, key_labels, autocast=None):
             ways.append((f"local_layer{layer}", Routing(force="local", layers=frozenset({layer}))))
     forced = {}
     for name, how in ways:
-        losses, _ = evaluate_losses(model, batches, autocast, how, key_labels)
+        losses, _ = evaluate_losses(model, batches, autocast, how, key_labels, progress=progress)
         forced[name] = {key: losses[key] for key in ("val_loss", "key_loss", "other_loss")}
     return forced
 
@@ -398,13 +405,14 @@ def json_ready(value):
 
 def evaluate_checkpoint(path, data_dir="", thresholds=DEFAULT_THRESHOLDS, context_length=0,
                         eval_tokens=DEFAULT_EVAL_TOKENS, batch_size=8, device="cpu", dtype="float32",
-                        router_threshold=None, max_examples=500, key_k=0, key_window=0, log=None):
+                        router_threshold=None, max_examples=500, key_k=0, key_window=0, log=None, progress=False):
     """Everything evaluate.py reports about one checkpoint, as the JSON-ready dict it writes (README:
     "Evaluating and pruning"). data_dir "": the corpus the checkpoint was trained on. context_length 0: the
     model's block_size. dtype: the evaluation's precision and the KV cache's element size. key_k: the key-token
     rule's k (0: the corpus' default; nanoaha/key_tokens.py); key_window: the window the key tokens lie beyond
     (0: the model's). log: called with
-    each line worth printing (what was evaluated on what, and warnings)."""
+    each line worth printing (what was evaluated on what, and warnings). progress: a progress bar on stderr over
+    every pass's batches (the loss, each threshold of the sweep, the forced routings), gone when done."""
     check_thresholds(thresholds)
     if router_threshold is not None:
         check_thresholds([router_threshold])
@@ -440,7 +448,12 @@ def evaluate_checkpoint(path, data_dir="", thresholds=DEFAULT_THRESHOLDS, contex
     if log and not any(label.any() for label in labels):
         log(no_key_tokens_note(k, key_window or config.window, config.block_size))
     key_counts = {}
-    losses, stats = evaluate_losses(model, batches, autocast, key_labels=labels, key_counts=key_counts)
+    learned = has_learned_router(config)  # the sweep and the forced routings: a pass each, one per routed layer
+    passes = 1 + (len(thresholds) + 2 + config.kinds.count("routed") if learned else 0)
+    bar = tqdm(total=passes * len(batches), desc=f"evaluating {run_name(path)}", unit="batch", file=sys.stderr,
+               disable=not progress, leave=False, dynamic_ncols=True)
+    losses, stats = evaluate_losses(model, batches, autocast, key_labels=labels, key_counts=key_counts,
+                                    progress=bar.update)
     loss = losses["val_loss"]
     byte_level = data.meta.get("encoding") == "bytes" and "task" not in data.meta
     result = {
@@ -451,11 +464,12 @@ def evaluate_checkpoint(path, data_dir="", thresholds=DEFAULT_THRESHOLDS, contex
         **losses, "key_tokens": {"k": k, "window": key_window or config.window, "n_sink": config.n_sink},
         **routing_summary(stats, config.kinds),
         **kv_cache_summary(config, context_length, torch.finfo(torch_dtype).bits // 8),
-        "threshold_sweep": threshold_sweep(model, batches, thresholds, autocast, labels),
-        "forced_routing": forced_routing(model, batches, labels, autocast),
+        "threshold_sweep": threshold_sweep(model, batches, thresholds, autocast, labels, progress=bar.update),
+        "forced_routing": forced_routing(model, batches, labels, autocast, progress=bar.update),
         # the routers against the key tokens, as the synthetic tasks' report against their labels
-        "key_routing": routing_report(key_counts) if has_learned_router(config) else [],
+        "key_routing": routing_report(key_counts) if learned else [],
     }
+    bar.close()
     if "task" in data.meta:
         result["synthetic"] = evaluate_routing(model, data, "val", max_examples, batch_size)
     return json_ready(result)

@@ -4,7 +4,8 @@ Tags:
 - scalars: whatever train.py logs (train/..., train_routing/...), val/loss, val/key_loss and val/other_loss
   (the loss on key tokens and on the others, nanoaha/key_tokens.py) and val_routing/... at each eval;
   per-head global fractions as {prefix}_heads_layer{l}/head{h} (one section per layer), and a Custom Scalars
-  layout with charts of each routed layer's heads (at most five a chart: one marker shape each);
+  layout: the evaluation's scalars in Margin charts (drawn without smoothing; key and other loss side by side)
+  and charts of each routed layer's heads (at most five a chart: one marker shape each);
 - histograms router_p/layer{l}: the router probabilities of every (batch, head, position) decision of the first
   val batch, per layer with a learned router, in fixed bins over [0, 1], the threshold in the name shown (and
   as the scalar router_p/threshold);
@@ -32,7 +33,10 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import PowerNorm
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, PercentFormatter
-from tensorboard.compat.proto.summary_pb2 import Summary
+from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
+from tensorboard.compat.proto.tensor_pb2 import TensorProto
+from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
+from tensorboard.plugins.custom_scalar import layout_pb2
 from tensorboard.plugins.hparams import api_pb2
 from tensorboard.plugins.hparams import metadata as hparams_metadata
 from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData, SessionEndInfo, SessionStartInfo
@@ -70,16 +74,62 @@ def head_groups(n_head, size=CHART_HEADS):
     return [range(first, min(first + size, n_head)) for first in range(0, n_head, size)]
 
 
+EVALUATION_CHARTS = "evaluation: every eval's value as it is (these charts draw no smoothing)"
+
+
+def evaluation_charts(kinds):
+    """The Custom Scalars charts of the evaluation's scalars, as Margin charts (one series per tag): TensorBoard
+    draws a Margin chart's values as they are, where its other charts smooth (0.6 by default), which with a few
+    evaluations a run ends a line far from its last value. Key-token and other loss side by side per run."""
+    routed = [layer for layer, kind in enumerate(kinds) if kind == "routed"]
+    charts = {"val loss": ["Margin", ["val/loss"]],
+              "val loss on key tokens and on the others": ["Margin", ["val/key_loss", "val/other_loss"]]}
+    if routed:
+        charts["global fraction of the routed decisions"] = ["Margin", ["val_routing/global_frac"]]
+        groups = head_groups(len(routed))
+        for group in groups:
+            layers = [routed[i] for i in group]
+            title = "global fraction per routed layer" + (f", layers {layers[0]}-{layers[-1]}" if len(groups) > 1
+                                                          else "")
+            charts[title] = ["Margin", [f"val_routing_layers/global_frac_layer{layer}" for layer in layers]]
+    charts["attention FLOPs vs dense, ideal and computed"] = [
+        "Margin", ["val_routing/attention_flop_frac_ideal", "val_routing/attention_flop_frac_computed"]]
+    return charts
+
+
 def custom_scalars_layout(prefixes, kinds, n_head):
-    """Custom Scalars tab: per prefix, multiline charts of each routed layer's heads' global fractions, at most
-    CHART_HEADS heads a chart. A chart colours its lines by run and tells one run's lines apart by their marker
-    shape (its Matches list names each line with its shape), and it has five shapes: a sixth head would repeat
-    the first one's."""
+    """Custom Scalars tab: with val_routing among the prefixes, the evaluation's charts first (evaluation_charts);
+    then per prefix, charts of each routed layer's heads' global fractions, at most CHART_HEADS heads a chart:
+    val_routing's Margin charts (drawn as they are), train_routing's Multiline ones (smoothed: one noisy batch a
+    point). A chart colours its lines by run and tells one run's lines apart by their marker shape (its Matches
+    list names each line with its shape), and it has five shapes: a sixth head would repeat the first one's."""
     groups = head_groups(n_head)
-    return {f"{prefix}: global fraction per head": {
-        f"layer {layer}" + (f", heads {heads[0]}-{heads[-1]}" if len(groups) > 1 else ""):
-            ["Multiline", [rf"{prefix}_heads_layer{layer}/head({'|'.join(map(str, heads))})$"]]
-        for layer, kind in enumerate(kinds) if kind == "routed" for heads in groups} for prefix in prefixes}
+    layout = {EVALUATION_CHARTS: evaluation_charts(kinds)} if "val_routing" in prefixes else {}
+    for prefix in prefixes:
+        def chart(layer, heads):
+            if prefix == "val_routing":
+                return ["Margin", [f"{prefix}_heads_layer{layer}/head{h}" for h in heads]]
+            return ["Multiline", [rf"{prefix}_heads_layer{layer}/head({'|'.join(map(str, heads))})$"]]
+        layout[f"{prefix}: global fraction per head"] = {
+            f"layer {layer}" + (f", heads {heads[0]}-{heads[-1]}" if len(groups) > 1 else ""): chart(layer, heads)
+            for layer, kind in enumerate(kinds) if kind == "routed" for heads in groups}
+    return layout
+
+
+def layout_summary(layout):
+    """The Custom Scalars layout {category: {title: [kind, tags]}} as the summary TensorBoard reads: a Multiline
+    chart of tag regexes, or a Margin chart of one series per tag (each its own value, lower and upper: a line
+    without a band). torch's add_custom_scalars writes one series a Margin chart."""
+    def chart(title, kind, tags):
+        if kind == "Margin":
+            return layout_pb2.Chart(title=title, margin=layout_pb2.MarginChartContent(series=[
+                layout_pb2.MarginChartContent.Series(value=tag, lower=tag, upper=tag) for tag in tags]))
+        return layout_pb2.Chart(title=title, multiline=layout_pb2.MultilineChartContent(tag=tags))
+    proto = layout_pb2.Layout(category=[layout_pb2.Category(title=category, chart=[
+        chart(title, kind, tags) for title, (kind, tags) in charts.items()]) for category, charts in layout.items()])
+    metadata = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(plugin_name="custom_scalars"))
+    tensor = TensorProto(dtype="DT_STRING", string_val=[proto.SerializeToString()], tensor_shape=TensorShapeProto())
+    return Summary(value=[Summary.Value(tag="custom_scalars__config__", tensor=tensor, metadata=metadata)])
 
 
 def as_array(global_frac):
@@ -375,7 +425,8 @@ class Logger:
             return {}
         if prefix not in self.prefixes:  # the layout lists every prefix seen; the newest layout is the one shown
             self.prefixes.append(prefix)
-            self.writer.add_custom_scalars(custom_scalars_layout(self.prefixes, kinds, stats["global_frac"].shape[1]))
+            self.writer.file_writer.add_summary(layout_summary(
+                custom_scalars_layout(self.prefixes, kinds, stats["global_frac"].shape[1])))
         values = tensorboard_scalars(prefix, stats, kinds)
         self.scalars(step, group_head_tags(values))
         return values

@@ -54,10 +54,16 @@ def test_training_writes_every_view_with_sane_values(tmp_path, tiny_corpus, monk
             assert all(0 <= v <= 1 for v in heads)
             assert np.mean(heads) == pytest.approx(acc.Scalars(f"{prefix}_layers/global_frac_layer{layer}")[-1].value)
     layout = layout_pb2.Layout.FromString(acc.Tensors("custom_scalars__config__")[-1].tensor_proto.string_val[0])
-    charts = {c.title: [(ch.title, list(ch.multiline.tag)) for ch in c.chart] for c in layout.category}
-    assert charts["val_routing: global fraction per head"] == [("layer 0", [r"val_routing_heads_layer0/head(0|1)$"]),
-                                                                ("layer 2", [r"val_routing_heads_layer2/head(0|1)$"])]
-    assert "train_routing: global fraction per head" in charts
+    charts = {c.title: [(ch.title, list(ch.multiline.tag) or [s.value for s in ch.margin.series]) for ch in c.chart]
+              for c in layout.category}
+    assert charts["val_routing: global fraction per head"] == [
+        ("layer 0", ["val_routing_heads_layer0/head0", "val_routing_heads_layer0/head1"]),
+        ("layer 2", ["val_routing_heads_layer2/head0", "val_routing_heads_layer2/head1"])]
+    assert charts["train_routing: global fraction per head"] == [("layer 0", [r"train_routing_heads_layer0/head(0|1)$"]),
+                                                                  ("layer 2", [r"train_routing_heads_layer2/head(0|1)$"])]
+    evaluation = dict(charts[tensorboard_log.EVALUATION_CHARTS])  # each of its tags is one the run logged
+    assert evaluation["val loss on key tokens and on the others"] == ["val/key_loss", "val/other_loss"]
+    assert all(tag in tags["scalars"] for chart in evaluation.values() for tag in chart if tag != "val/key_loss")
 
     decisions = tcfg.batch_size * mcfg.n_head * mcfg.block_size  # (B, H, T) router decisions of the first val batch
     histograms = [tag for tag in tags["tensors"] if acc.SummaryMetadata(tag).plugin_data.plugin_name == "histograms"]

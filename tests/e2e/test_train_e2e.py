@@ -7,11 +7,9 @@ import torch
 
 import train
 from helpers import CPU_FP32, flags, run_script, tiny_train_configs
-from model import GPT, GPTConfig
+from model import GPT
 from nanoaha import checkpoint
-from nanoaha.configurator import parse_args
-from nanoaha.train_config import TrainConfig
-from nanoaha.training import LambdaController, lr_at
+from nanoaha.training import lr_at
 
 
 def test_short_training_lowers_the_loss_at_the_scheduled_learning_rate(tmp_path, tiny_corpus, capsys, monkeypatch):
@@ -29,10 +27,15 @@ def test_short_training_lowers_the_loss_at_the_scheduled_learning_rate(tmp_path,
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.5
     assert result["val_loss"] < losses[0]
     assert stepped_at == [pytest.approx([lr_at(it, tcfg)] * 2) for it in range(tcfg.max_iters)]
-    logged = re.findall(r"^iter (\d+): .* lr ([0-9.e+-]+) \|", capsys.readouterr().out, re.M)
+    out = capsys.readouterr().out
+    logged = re.findall(r"^iter (\d+): .* lr ([0-9.e+-]+) \|", out, re.M)
     assert len(logged) == tcfg.max_iters
     for it, lr in logged:  # the log shows the rate of the step it reports, to 3 digits
         assert float(lr) == pytest.approx(lr_at(int(it) - 1, tcfg), rel=5e-3)
+    best = min(loss for _, loss in json.load(open(tmp_path / "out" / "train_summary.json"))["val_history"])
+    assert out.splitlines()[-1].startswith(f"done: 40 steps in ") and f"best val loss {best:.4f} (step " in out
+    assert out.splitlines()[-1].endswith(f"; checkpoint {tmp_path / 'out' / 'ckpt.pt'}, best "
+                                         f"{tmp_path / 'out' / 'ckpt_best.pt'}")
 
 
 @pytest.mark.parametrize("p_dense", [0.0, 0.5, 1.0])
@@ -59,38 +62,6 @@ def test_training_passes_lambda_and_budget_to_the_loss(tmp_path, tiny_corpus, mo
     train.train(*tiny_train_configs(tmp_path, tiny_corpus, max_iters=4, router_lambda=0.5, router_lambda_ramp=2,
                          router_budget=0.25, eval_interval=100))
     assert calls == [(0.25, 0.25), (0.5, 0.25), (0.5, 0.25), (0.5, 0.25)]
-
-
-def test_lambda_controller_raises_lambda_above_the_target_and_lowers_it_below_zero():
-    tcfg, _ = parse_args(["--router_target_global=0.2", "--router_lambda=0.01", "--router_target_rate=0.5"],
-                         TrainConfig, GPTConfig)
-    shared = LambdaController(tcfg, 3)
-    torch.testing.assert_close(shared.weights(3), torch.full((3,), 0.01))  # starts at router_lambda
-    shared.update(torch.tensor([0.9, 0.1, 0.2]))  # mean 0.4: twice the target, error clipped to 1
-    torch.testing.assert_close(shared.weights(3), torch.full((3,), 0.01 * math.sinh(1.5) / math.sinh(1.0)))
-    tcfg.router_target_per_layer = True
-    per_layer = LambdaController(tcfg, 3)
-    for _ in range(4):  # layer 0 above its target, 1 below it, 2 on it
-        per_layer.update(torch.tensor([0.9, 0.0, 0.2]))
-    lam = per_layer.weights(3)
-    assert lam[0] > 0.01 and lam[1] < 0 and lam[2] == pytest.approx(0.01)  # below zero: a reward for global
-    for _ in range(100):
-        per_layer.update(torch.tensor([1.0, 0.0, 0.2]))
-    torch.testing.assert_close(per_layer.weights(3)[:2], torch.tensor([1.0, -1.0]))  # +- router_lambda_max
-
-
-def test_the_controller_counts_the_routers_decisions_not_the_explored_ones():
-    """router_explore's extra global decisions are training's only: the controller sees p >= threshold."""
-    from types import SimpleNamespace
-    tcfg, mcfg = parse_args(["--router_target_global=0.5", "--router_lambda=0.01", "--router_target_rate=0.5",
-                             "--router_explore=0.5"], TrainConfig, GPTConfig)
-    run = SimpleNamespace(controller=LambdaController(tcfg, 1), tcfg=tcfg, mcfg=mcfg, iter_num=10, ddp=False)
-    p = torch.tensor([[[0.9, 0.9, 0.1, 0.1]]])  # the routers' own decisions: half global, on the target
-    explored = torch.ones_like(p)  # what the step ran: every decision global after exploration
-    train.update_controller(run, SimpleNamespace(gates=[explored], probs=[p]), force_global=False)
-    torch.testing.assert_close(run.controller.weights(1), torch.full((1,), 0.01))  # on target: unchanged
-    train.update_controller(run, SimpleNamespace(gates=[explored], probs=[p * 0 + 0.9]), force_global=False)
-    assert run.controller.weights(1)[0] > 0.01  # all global by its own choice: lambda rises
 
 
 def test_budget_targeted_training_adapts_lambda_and_writes_the_summary(tmp_path, tiny_corpus, capsys):

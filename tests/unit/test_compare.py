@@ -206,6 +206,8 @@ def test_rows_are_compared_at_equal_seeds_when_some_ran_a_third():
     assert "rows ran different numbers of seeds" in results_table(rows, references)
     assert tables.paired_verdict([0.0004, 0.003]) == "tie"  # prints as +0.000 at seed 1: no difference there
     assert tables.paired_verdict([0.0006, 0.003]) == "worse" and tables.paired_verdict([-0.001, -0.002]) == "better"
+    # at the boundary: a difference of exactly SMALLEST_DIFFERENCE (0.0005, +0.001 at 3 digits) counts
+    assert tables.paired_verdict([-0.0005, -0.002]) == "better" and tables.paired_verdict([0.0005, 0.002]) == "worse"
 
 
 def test_the_comparisons_table_gives_each_question_its_same_seed_difference(tmp_path):

@@ -10,6 +10,7 @@ import evaluate
 import prune
 from model import GPT, GPTConfig
 from nanoaha.checkpoint import load_checkpoint, load_model, save_checkpoint
+from nanoaha import evaluation
 from nanoaha.evaluation import kv_cache_summary
 from nanoaha.pruning import layers_to_prune, prune_checkpoint
 from nanoaha.routing_stats import kv_cache_bytes
@@ -25,6 +26,29 @@ def untrained_checkpoint(path, corpus, **config):
         "train_config": {"data_dir": str(corpus)}, "iter_num": 0, "best_val_loss": math.inf,
         "data_meta": json.load(open(os.path.join(corpus, "meta.json"))), "rng": {}})
     return str(path)
+
+
+@pytest.mark.parametrize("schedule, passes", [("R", 1 + 3 + 2 + 2), ("LG", 1)])
+def test_evaluation_shows_progress_over_every_pass_it_makes(tmp_path, prepared_corpus, monkeypatch, schedule,
+                                                            passes):
+    """One bar over every batch of every pass: the loss, then for learned routers each threshold of the sweep
+    (3), forced global and forced local, and each routed layer forced local (2); it ends full."""
+    bars = []
+
+    class Bar(evaluation.tqdm):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.shown = not self.disable
+            bars.append(self)
+
+    monkeypatch.setattr(evaluation, "tqdm", Bar)
+    run = untrained_checkpoint(tmp_path / "run", prepared_corpus, schedule=schedule)
+    evaluation.evaluate_checkpoint(run, eval_tokens=32 * 6, batch_size=2, thresholds=(0.3, 0.5, 0.7),
+                                   progress=True)
+    (bar,) = bars
+    assert bar.shown and bar.total == passes * 3 and bar.n == bar.total
+    evaluation.evaluate_checkpoint(run, eval_tokens=32 * 6, batch_size=2, thresholds=(0.3,))
+    assert not bars[1].shown  # off unless asked for (evaluate.py asks on a terminal)
 
 
 def test_kv_cache_bytes_are_what_the_cache_holds():

@@ -3,10 +3,10 @@ import torch
 
 from helpers import small_config
 from kernels.attention import attention
-from model import GPT, GPTConfig, Router, Routing, apply_rotary, router_penalty, rotary_tables
+from model import GPT, GPTConfig, GPTOutput, Router, Routing, apply_rotary, router_penalty, rotary_tables
 from nanoaha.checkpoint import load_model_state
 from nanoaha.pruning import prune_checkpoint
-from kernels.layer import keys_read
+from kernels.layer import keys_read, sequence_keys
 from nanoaha.routing_stats import global_heads_per_token, routing_stats
 
 
@@ -188,6 +188,23 @@ def test_routed_layer_flop_fraction_ideal_and_computed(mode, bias):
     torch.testing.assert_close(stats["computed_flop_frac"], computed[None])
     forced = routing_stats(model(x, x, Routing(force="global")), cfg)  # forced-global steps run exact mode
     torch.testing.assert_close(forced["computed_flop_frac"], (1 + local)[None])
+
+
+@pytest.mark.parametrize("n_sink", [0, 2])
+def test_ideal_flops_weigh_each_global_token_by_its_own_position(n_sink):
+    """Only the last position global: ideal reads its whole causal row (48 keys) and the window elsewhere, not
+    the mean global fraction (1/48) of every position's row; both heads and batch rows alike."""
+    cfg = small_config(schedule="R", n_layer=1, window=8, n_sink=n_sink)
+    gate = torch.zeros(2, cfg.n_head, 48, dtype=torch.bool)
+    gate[..., -1] = True
+    out = GPTOutput(logits=torch.zeros(2, 48, cfg.vocab_size), gates=[gate], probs=[gate.float()], seq_len=48,
+                    routed_mode="sparse", attention_keys=[sequence_keys("routed", gate, "sparse", 48, 8, n_sink)])
+    local, dense = keys_read("local", 48, 8, n_sink).float(), keys_read("dense", 48, 8, n_sink).float()
+    ideal = (local.sum() - local[-1] + dense[-1]) / dense.sum()
+    stats = routing_stats(out, cfg)
+    torch.testing.assert_close(stats["ideal_flop_frac"], ideal[None])
+    by_mean_fraction = (local.sum() + (dense - local).sum() / 48) / dense.sum()
+    assert abs(ideal - by_mean_fraction) > 0.01  # what the mean global fraction would give (0.019 off)
 
 
 def test_without_a_gradient_routed_layers_run_sparse_and_compute_what_exact_computes(monkeypatch):

@@ -5,6 +5,7 @@ import matplotlib
 import numpy as np
 import pytest
 import torch
+from tensorboard.plugins.custom_scalar import layout_pb2
 from tensorboard.plugins.hparams import api_pb2
 from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 from tensorboard.util import tensor_util
@@ -28,6 +29,7 @@ from nanoaha.tensorboard_log import (
     snippet_figure,
     visible,
 )
+from nanoaha import tensorboard_log
 from nanoaha.formatting import percent
 
 KINDS = ["routed", "local", "dense"]
@@ -66,19 +68,62 @@ def test_per_head_tags_are_grouped_by_layer():
 
 
 def test_custom_scalar_charts_hold_at_most_five_heads():
-    """A chart tells one run's lines apart by five marker shapes: twelve heads make three charts per layer."""
-    layout = custom_scalars_layout(["val_routing"], ["routed", "local", "routed"], n_head=12)
+    """A chart tells one run's lines apart by five marker shapes: twelve heads make three charts per layer. The
+    val heads' charts are Margin charts of one series per head (drawn as they are), the training ones Multiline
+    (smoothed)."""
+    layout = custom_scalars_layout(["val_routing", "train_routing"], ["routed", "local", "routed"], n_head=12)
+    titles = [f"layer {layer}, heads {heads}" for layer in (0, 2) for heads in ("0-4", "5-9", "10-11")]
     charts = layout["val_routing: global fraction per head"]
-    assert list(charts) == [f"layer {layer}, heads {heads}" for layer in (0, 2) for heads in ("0-4", "5-9", "10-11")]
-    tags = [f"val_routing_heads_layer{layer}/head{h}" for layer in range(3) for h in range(12)]
+    assert list(charts) == titles
+    for title, (kind, tags) in charts.items():
+        layer, first, last = map(int, re.findall(r"\d+", title))
+        assert kind == "Margin" and tags == [f"val_routing_heads_layer{layer}/head{h}" for h in range(first, last + 1)]
+    charts = layout["train_routing: global fraction per head"]
+    assert list(charts) == titles
+    tags = [f"train_routing_heads_layer{layer}/head{h}" for layer in range(3) for h in range(12)]
     for title, (kind, [regex]) in charts.items():
         layer, first, last = map(int, re.findall(r"\d+", title))
         assert kind == "Multiline"
         # TensorBoard keeps the tags the regex matches at their start
-        assert [t for t in tags if re.match(regex, t)] == [f"val_routing_heads_layer{layer}/head{h}"
+        assert [t for t in tags if re.match(regex, t)] == [f"train_routing_heads_layer{layer}/head{h}"
                                                             for h in range(first, last + 1)]
-    four = custom_scalars_layout(["train_routing"], ["routed"], n_head=4)["train_routing: global fraction per head"]
-    assert four == {"layer 0": ["Multiline", [r"train_routing_heads_layer0/head(0|1|2|3)$"]]}  # one chart
+    four = custom_scalars_layout(["train_routing"], ["routed"], n_head=4)
+    assert four == {"train_routing: global fraction per head": {  # one chart; no evaluation charts before an eval
+        "layer 0": ["Multiline", [r"train_routing_heads_layer0/head(0|1|2|3)$"]]}}
+
+
+def test_the_evaluation_charts_draw_every_value_as_it_is_with_key_and_other_loss_side_by_side():
+    """With a few evaluations a run, the smoothing of TensorBoard's other charts (0.6 by default) ends a line far
+    from its last value; a Margin chart draws no smoothing. The layout reaches TensorBoard with one series per tag
+    (each its own value, lower and upper), which torch's add_custom_scalars cannot write."""
+    layout = custom_scalars_layout(["val_routing"], ["routed", "local", "routed"], n_head=2)
+    assert list(layout) == [tensorboard_log.EVALUATION_CHARTS, "val_routing: global fraction per head"]
+    evaluation = layout[tensorboard_log.EVALUATION_CHARTS]
+    assert evaluation == {
+        "val loss": ["Margin", ["val/loss"]],
+        "val loss on key tokens and on the others": ["Margin", ["val/key_loss", "val/other_loss"]],
+        "global fraction of the routed decisions": ["Margin", ["val_routing/global_frac"]],
+        "global fraction per routed layer": ["Margin", ["val_routing_layers/global_frac_layer0",
+                                                        "val_routing_layers/global_frac_layer2"]],
+        "attention FLOPs vs dense, ideal and computed": ["Margin", ["val_routing/attention_flop_frac_ideal",
+                                                                    "val_routing/attention_flop_frac_computed"]]}
+    dense = custom_scalars_layout(["val_routing"], ["dense"] * 7, n_head=2)[tensorboard_log.EVALUATION_CHARTS]
+    assert list(dense) == ["val loss", "val loss on key tokens and on the others",
+                           "attention FLOPs vs dense, ideal and computed"]  # no routed layer: no global fraction
+    seven = custom_scalars_layout(["val_routing"], ["routed"] * 7, n_head=2)[tensorboard_log.EVALUATION_CHARTS]
+    assert seven["global fraction per routed layer, layers 5-6"][1] == [
+        "val_routing_layers/global_frac_layer5", "val_routing_layers/global_frac_layer6"]
+
+    summary = tensorboard_log.layout_summary(custom_scalars_layout(["val_routing", "train_routing"], ["routed"], 2))
+    (value,) = summary.value
+    assert value.tag == "custom_scalars__config__" and value.metadata.plugin_data.plugin_name == "custom_scalars"
+    proto = layout_pb2.Layout.FromString(value.tensor.string_val[0])
+    charts = {(category.title, chart.title): chart for category in proto.category for chart in category.chart}
+    key_other = charts[tensorboard_log.EVALUATION_CHARTS, "val loss on key tokens and on the others"]
+    assert [(s.value, s.lower, s.upper) for s in key_other.margin.series] == [
+        ("val/key_loss",) * 3, ("val/other_loss",) * 3]
+    assert list(charts["train_routing: global fraction per head", "layer 0"].multiline.tag) == [
+        r"train_routing_heads_layer0/head(0|1)$"]
 
 
 def test_heatmap_shows_each_routed_head_and_names_the_other_layers():

@@ -1,5 +1,8 @@
+import math
 import os
 import re
+import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -11,7 +14,7 @@ from nanoaha import checkpoint, device, routing_stats
 from nanoaha.configurator import ConfigError, parse_args
 from nanoaha.routing_stats import warn_collapse
 from nanoaha.train_config import TrainConfig
-from nanoaha.training import lr_at
+from nanoaha.training import LambdaController, lr_at
 
 
 def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
@@ -109,3 +112,112 @@ def test_training_flops_count_parameters_and_attention_as_computed():
     learned = GPTConfig(block_size=64, n_layer=2, n_head=2, n_embd=32, window=8, position_embedding="learned")
     assert routing_stats.training_flops_per_token(learned, 1000 + 64 * 32, 0.0) == 6 * 1000
     assert device.peak_flops("cpu", torch.bfloat16) is None
+
+
+def test_lambda_controller_raises_lambda_above_the_target_and_lowers_it_below_zero():
+    tcfg, _ = parse_args(["--router_target_global=0.2", "--router_lambda=0.01", "--router_target_rate=0.5"],
+                         TrainConfig, GPTConfig)
+    shared = LambdaController(tcfg, 3)
+    torch.testing.assert_close(shared.weights(3), torch.full((3,), 0.01))  # starts at router_lambda
+    shared.update(torch.tensor([0.9, 0.1, 0.2]))  # mean 0.4: twice the target, relative error 1
+    torch.testing.assert_close(shared.weights(3), torch.full((3,), 0.01 * math.sinh(1.5) / math.sinh(1.0)))
+    far_above = LambdaController(tcfg, 3)
+    far_above.update(torch.tensor([0.9, 0.9, 0.9]))  # relative error 3.5, clipped to 1: u = 1 + 0.5 (not 2.75)
+    assert far_above.u.tolist() == [pytest.approx(1.5)]
+    far_below = LambdaController(tcfg, 3)
+    far_below.update(torch.tensor([0.0, 0.0, 0.0]))  # relative error -1
+    assert far_below.u.tolist() == [pytest.approx(0.5)]
+    tcfg.router_target_per_layer = True
+    per_layer = LambdaController(tcfg, 3)
+    for _ in range(4):  # layer 0 above its target, 1 below it, 2 on it
+        per_layer.update(torch.tensor([0.9, 0.0, 0.2]))
+    assert per_layer.u.tolist() == pytest.approx([3.0, -1.0, 1.0])  # each layer by its own error, clipped
+    lam = per_layer.weights(3)
+    assert lam[0] > 0.01 and lam[1] < 0 and lam[2] == pytest.approx(0.01)  # below zero: a reward for global
+    for _ in range(100):
+        per_layer.update(torch.tensor([1.0, 0.0, 0.2]))
+    torch.testing.assert_close(per_layer.weights(3)[:2], torch.tensor([1.0, -1.0]))  # +- router_lambda_max
+    tcfg.router_lambda_max = 0.1
+    capped = LambdaController(tcfg, 1)
+    for _ in range(100):
+        capped.update(torch.tensor([1.0]))
+    torch.testing.assert_close(capped.weights(1), torch.tensor([0.1]))
+
+
+def controlled_run(*args, iter_num=10):
+    tcfg, mcfg = parse_args(["--router_target_global=0.5", "--router_lambda=0.01", "--router_target_rate=0.5",
+                             *args], TrainConfig, GPTConfig)
+    return SimpleNamespace(controller=LambdaController(tcfg, 1), tcfg=tcfg, mcfg=mcfg, iter_num=iter_num, ddp=False)
+
+
+def test_the_controller_counts_the_routers_decisions_not_the_explored_ones():
+    """router_explore's extra global decisions are training's only: the controller sees p >= threshold."""
+    run = controlled_run("--router_explore=0.5")
+    p = torch.tensor([[[0.9, 0.9, 0.1, 0.1]]])  # the routers' own decisions: half global, on the target
+    explored = torch.ones_like(p)  # what the step ran: every decision global after exploration
+    train.update_controller(run, SimpleNamespace(gates=[explored], probs=[p]), force_global=False)
+    torch.testing.assert_close(run.controller.weights(1), torch.full((1,), 0.01))  # on target: unchanged
+    train.update_controller(run, SimpleNamespace(gates=[explored], probs=[p * 0 + 0.9]), force_global=False)
+    assert run.controller.weights(1)[0] > 0.01  # all global by its own choice: lambda rises
+
+
+@pytest.mark.parametrize("args, iter_num, force_global, moves", [
+    ((), 10, False, True),
+    ((), 10, True, False),                               # a forced-global step: not the routers' choice
+    (("--router_lambda_start=11",), 10, False, False),   # before the penalty starts
+    (("--router_lambda_start=10",), 10, False, True),
+    (("--router_local_iters=11",), 10, False, False),    # routers held local: no penalty yet
+])
+def test_the_controller_moves_only_on_the_routers_own_steps_after_the_penalty_starts(args, iter_num, force_global,
+                                                                                     moves):
+    run = controlled_run(*args, iter_num=iter_num)
+    all_global = torch.full((1, 1, 4), 0.9)
+    train.update_controller(run, SimpleNamespace(gates=[all_global > 0.5], probs=[all_global, None]), force_global)
+    assert run.controller.u.tolist() == [pytest.approx(1.5 if moves else 1.0)]
+
+
+def test_a_float16_run_resumed_under_auto_keeps_its_gradient_scaler_and_its_controller(tmp_path, tiny_corpus,
+                                                                                      capsys):
+    """A checkpoint written by an fp16 run holds its GradScaler's state and the controller's u; resumed with
+    dtype=auto (which never picks fp16) the run goes on in fp16 with a live scaler at the saved scale, and its
+    next checkpoint holds them again. An fp32 run's checkpoint holds no scaler. (setup builds the run without a
+    step; checkpoint_state is what save writes.)"""
+    overrides = {"router_target_global": 0.2, "max_iters": 4}
+    run = train.setup(*tiny_train_configs(tmp_path, tiny_corpus, dtype="float16", **overrides), False, 0, 1, "cpu")
+    assert run.scaler.is_enabled()
+    run.scaler.scale(torch.ones(()))
+    run.scaler.update(1024.0)  # as if its steps had scaled the loss down
+    run.controller.u = torch.tensor([1.25])
+    run.iter_num = 2
+    state = train.checkpoint_state(run)
+    assert state["dtype"] == "float16" and state["scaler"]["scale"] == 1024.0
+    checkpoint.save_checkpoint(run.ckpt_path, state)
+    capsys.readouterr()
+
+    resumed = train.setup(*tiny_train_configs(tmp_path, tiny_corpus, dtype="auto", init_from="resume", **overrides),
+                          False, 0, 1, "cpu")
+    assert "continues in float16, the precision it trained in" in capsys.readouterr().out
+    assert resumed.dtype == torch.float16 and resumed.iter_num == 2
+    assert resumed.scaler.is_enabled() and resumed.scaler.get_scale() == 1024.0
+    assert resumed.controller.u.tolist() == [1.25]
+    again = train.checkpoint_state(resumed)
+    assert again["scaler"] is not None and again["scaler"]["scale"] == 1024.0 and again["dtype"] == "float16"
+    assert again["router_lambda_state"].tolist() == [1.25]
+
+    fp32 = train.setup(*tiny_train_configs(tmp_path / "fp32", tiny_corpus, **overrides), False, 0, 1, "cpu")
+    assert not fp32.scaler.is_enabled() and train.checkpoint_state(fp32)["scaler"] is None
+
+
+def test_a_run_ends_with_a_line_that_says_where_its_checkpoint_is_its_best_val_loss_and_its_time(tmp_path):
+    tcfg, _ = parse_args([f"--out_dir={tmp_path}"], TrainConfig, GPTConfig)
+    run = SimpleNamespace(tcfg=tcfg, val_batches=[(torch.zeros(4, 8), None)] * 3, best_val=1.83251, iter_num=750,
+                          val_history=[[0, 5.5], [250, 1.83251], [500, 1.9]], ckpt_path=str(tmp_path / "ckpt.pt"),
+                          best_path=str(tmp_path / "ckpt_best.pt"), wall_before=0.0, started=time.time() - 300)
+    assert train.closing_line(run, 300.0) == (
+        f"done: 750 steps in 5.0 min; best val loss 1.8325 (step 250; training's evaluation on its 12 val windows); "
+        f"checkpoint {tmp_path / 'ckpt.pt'}, best {tmp_path / 'ckpt_best.pt'}")
+    run.wall_before = 600.0  # resumed from a checkpoint of 10 minutes' training
+    assert "750 steps in 5.0 min (15.0 min with the steps it resumed); best" in train.closing_line(run, 300.0)
+    run.tcfg.save_checkpoint, run.best_val, run.started = False, math.inf, time.time() - 42
+    assert train.closing_line(run, 42.0).endswith("in 42 s (10.7 min with the steps it resumed); no finite val "
+                                                   "loss; no checkpoint written (save_checkpoint=False)")
