@@ -262,6 +262,37 @@ def stop_grid(signum, frame):
         runner.request_stop()
 
 
+def run_grid(grid, jobs, cfg, argv, taken=None):
+    """Train and evaluate the jobs (but those whose numbers are taken from a record), write the record; the exit
+    code."""
+    taken = taken or {}
+    to_run = [job for job in jobs if job.key not in taken]
+    for job in to_run:
+        train_state(job, grid, cfg.out)  # refuses run folders trained with another command, before any run
+    started = time.time()
+    previous = {sig: signal.signal(sig, stop_grid) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        status = runner.run_jobs(to_run, grid, cfg.out, cfg.jobs, threads=cfg.threads,
+                                 done={key: "ok" for key in taken})
+    finally:  # a caller in this process (a test, a notebook) keeps its own handlers afterwards
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if runner.stop_requested.is_set():
+        print("interrupted: run the same command again to resume (complete runs are skipped)", file=sys.stderr)
+        return 128 + (stopped_by or signal.SIGINT)
+    rows = rows_of(jobs, status, taken)
+    table = record_table(rows, grid.references, grid.comparisons)
+    record = write_record(grid, jobs, rows, table, cfg, argv, started, time.time() - started, taken)
+    print(table)
+    print(f"record: {record}")
+    unfinished = [job.label for job in jobs if status.get(job.key) != "ok"]
+    if unfinished:
+        print(f"grid incomplete: {len(unfinished)} of {len(jobs)} trainings did not finish ({', '.join(unfinished)})",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv):
     paths, cfg = paths_and_settings(argv, CompareConfig, usage=__doc__)
     if cfg.summary:
@@ -314,37 +345,6 @@ def main(argv):
                 runner.child_hook = None
     except GridError as e:
         sys.exit(f"grid error: {e}")
-
-
-def run_grid(grid, jobs, cfg, argv, taken=None):
-    """Train and evaluate the jobs (but those whose numbers are taken from a record), write the record; the exit
-    code."""
-    taken = taken or {}
-    to_run = [job for job in jobs if job.key not in taken]
-    for job in to_run:
-        train_state(job, grid, cfg.out)  # refuses run folders trained with another command, before any run
-    started = time.time()
-    previous = {sig: signal.signal(sig, stop_grid) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        status = runner.run_jobs(to_run, grid, cfg.out, cfg.jobs, threads=cfg.threads,
-                                 done={key: "ok" for key in taken})
-    finally:  # a caller in this process (a test, a notebook) keeps its own handlers afterwards
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    if runner.stop_requested.is_set():
-        print("interrupted: run the same command again to resume (complete runs are skipped)", file=sys.stderr)
-        return 128 + (stopped_by or signal.SIGINT)
-    rows = rows_of(jobs, status, taken)
-    table = record_table(rows, grid.references, grid.comparisons)
-    record = write_record(grid, jobs, rows, table, cfg, argv, started, time.time() - started, taken)
-    print(table)
-    print(f"record: {record}")
-    unfinished = [job.label for job in jobs if status.get(job.key) != "ok"]
-    if unfinished:
-        print(f"grid incomplete: {len(unfinished)} of {len(jobs)} trainings did not finish ({', '.join(unfinished)})",
-              file=sys.stderr)
-        return 1
-    return 0
 
 
 if __name__ == "__main__":

@@ -48,6 +48,12 @@ def check_replace(path, settings, overwrite):
                      f"one elsewhere with --out_dir=DIR")
 
 
+def write_result(result, path):
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    write_json(path, stamp("evaluation", result), indent=2)
+    print(f"wrote {path}")
+
+
 def main(argv):
     paths, cfg = paths_and_settings(argv, EvalConfig, usage=__doc__)
     if not paths:
@@ -88,12 +94,6 @@ def main(argv):
             with open(tmp, "w") as f:
                 f.write(table)
         atomic_write(os.path.join(cfg.out_dir, "eval.md"), write)
-
-
-def write_result(result, path):
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    write_json(path, stamp("evaluation", result), indent=2)
-    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -5,10 +5,6 @@
 
 Every setting is a field of nanoaha/train_config.TrainConfig or of model.GPTConfig (--help lists them).
 """
-# Reading order: train() starts the processes; setup() builds the run (data, model, optimizer) and start_from()
-# loads what it starts from (resume, GPT-2 weights, a checkpoint to fine-tune); train_loop() then evaluates and
-# saves (evaluate_and_save) every eval_interval steps, takes one guarded step at a time (train_step) and logs
-# (log_step). Schedules, the lambda controller and the resume checks live in nanoaha/training.py.
 import gc
 import math
 import os
@@ -124,30 +120,6 @@ class Step:
     stop: bool          # a stop signal reached some rank
 
 
-def train(tcfg, mcfg):
-    """Run training; returns a dict with the per-step losses and the final val loss/routing."""
-    with StopSignals() as signals:
-        ddp = int(os.environ.get("RANK", -1)) != -1
-        if ddp:
-            backend = "nccl" if torch.cuda.is_available() else "gloo"
-            dist.init_process_group(backend)
-            rank, world = dist.get_rank(), dist.get_world_size()
-            device = f"cuda:{int(os.environ['LOCAL_RANK'])}" if backend == "nccl" else "cpu"
-            if backend == "nccl":
-                torch.cuda.set_device(device)
-        else:
-            rank, world, device = 0, 1, pick_device(tcfg.device)
-        run, finished = None, False
-        try:
-            run = setup(tcfg, mcfg, ddp, rank, world, device)
-            result = train_loop(run, signals)
-            finished = True
-            return result
-        finally:
-            if ddp:
-                end_ddp(run, finished)
-
-
 def end_ddp(run, finished):
     """Tear DDP down in one order on every rank. The DDP wrapper's reducer holds the process group and its pending
     work: left to the garbage collector, it can be destroyed while the interpreter shuts down, after the group,
@@ -160,6 +132,81 @@ def end_ddp(run, finished):
     if finished:
         dist.barrier()
     dist.destroy_process_group()
+
+
+def claim_out_dir(tcfg, master):
+    """A new run refuses a folder that holds a checkpoint, unless told to overwrite it."""
+    ckpt_path, best_path = os.path.join(tcfg.out_dir, "ckpt.pt"), os.path.join(tcfg.out_dir, BEST_NAME)
+    if tcfg.init_from == "resume" or not os.path.exists(ckpt_path):
+        return
+    if not tcfg.overwrite:
+        raise ValueError(f"{ckpt_path} exists: continue that run with --init_from=resume, or start over in "
+                         f"this folder with --overwrite (or choose another --out_dir)")
+    if master and os.path.exists(best_path):
+        os.remove(best_path)  # the best of the replaced run
+
+
+def keep_precision(run, trained_in):
+    """A run resumed under dtype='auto' continues in the precision it trained in (auto picks per machine, and a
+    checkpoint may move to one that picks another); a dtype named on the command line is used as given."""
+    if trained_in is None or trained_in == dtype_name(run.dtype):
+        return
+    if run.tcfg.dtype == "auto":
+        run.dtype = DTYPES[trained_in]
+        run.scaler = torch.amp.GradScaler(run.device_type, enabled=run.dtype == torch.float16)
+        note = f"continues in {trained_in}, the precision it trained in (dtype=auto; --dtype=NAME to change it)"
+    else:
+        note = f"trained in {trained_in} so far, continues in {run.tcfg.dtype} (--dtype={run.tcfg.dtype})"
+    if run.master:
+        print(f"resuming: the run {note}")
+
+
+def resume(run):
+    """The run continues where its checkpoint left off: weights, optimizer, scaler, step, best val loss,
+    lambda controller and every RNG (exactly, with the same number of processes)."""
+    tcfg = run.tcfg
+    resumed_from, ckpt = load_resume_checkpoint(tcfg.out_dir, run.device)
+    keep_precision(run, ckpt["dtype"])  # None: unknown (nanoaha/formats.py)
+    now = asdict(run.mcfg)
+    changed = {k: (v, now.get(k)) for k, v in ckpt["model_config"].items() if now.get(k) != v and k not in RUNTIME_KEYS}
+    if changed:
+        raise ValueError(f"cannot resume {resumed_from}: model config differs (checkpoint, now): {changed}")
+    if ckpt["optimizer"] is None:
+        raise ValueError(f"cannot resume {resumed_from}: it holds no optimizer state (a pruned checkpoint); "
+                         f"fine-tune it with --init_from={resumed_from} instead")
+    check_same_data(ckpt["data_meta"], run.data.meta, resumed_from)
+    load_model_state(run.raw_model, ckpt["model"], resumed_from)
+    run.optimizer.load_state_dict(ckpt["optimizer"])
+    if ckpt["scaler"] is not None:
+        run.scaler.load_state_dict(ckpt["scaler"])
+    run.iter_num, run.best_val, run.val_history = ckpt["iter_num"], ckpt["best_val_loss"], ckpt["val_history"]
+    run.key_history, run.head_history, run.copy_history = ckpt["key_history"], ckpt["head_history"], ckpt["copy_history"]
+    run.wall_before = ckpt["train_wall_s"]  # None: unknown (an old checkpoint kept no wall time)
+    # what the folder holds, for the divergence message: the resumed checkpoint, the best of the earlier steps
+    run.saved_step = run.iter_num if resumed_from == run.ckpt_path else None
+    run.best_step = next((step for step, loss in run.val_history if loss == run.best_val), None)
+    if run.controller is not None and ckpt["router_lambda_state"] is not None:
+        run.controller.u = ckpt["router_lambda_state"]
+    message = restore_rng(ckpt["rng"], run.generator, run.rank, run.world, tcfg.seed, run.iter_num)
+    saved = ckpt["train_config"]
+    saved_batch = saved["batch_size"] * saved["grad_accum"] * len(ckpt["rng"]["torch"])
+    if message and run.master:
+        order = "continues unchanged" if saved_batch == run.global_batch else \
+            f"changes: the global batch is now {run.global_batch} windows (was {saved_batch})"
+        print(f"{message}; the data order {order}")
+
+
+def start_from(run):
+    """init_from: 'scratch' keeps the fresh weights; 'resume' continues the run in out_dir; GPT-2 weights or a
+    checkpoint's are fine-tuned (routers they lack start fresh)."""
+    init_from = run.tcfg.init_from
+    if init_from == "resume":
+        resume(run)
+    elif is_pretrained(init_from):
+        load_model_state(run.raw_model, gpt2_state_dict(init_from, run.mcfg), init_from, allow_new_routers=True)
+    elif init_from != "scratch":
+        ckpt = load_checkpoint(init_from, run.device)
+        load_model_state(run.raw_model, ckpt["model"], init_from, allow_new_routers=True)
 
 
 def setup(tcfg, mcfg, ddp, rank, world, device):
@@ -207,97 +254,103 @@ def setup(tcfg, mcfg, ddp, rank, world, device):
     return run
 
 
-def claim_out_dir(tcfg, master):
-    """A new run refuses a folder that holds a checkpoint, unless told to overwrite it."""
-    ckpt_path, best_path = os.path.join(tcfg.out_dir, "ckpt.pt"), os.path.join(tcfg.out_dir, BEST_NAME)
-    if tcfg.init_from == "resume" or not os.path.exists(ckpt_path):
+def forward_backward(run, lam, routing):
+    """This rank's slice of the global batch in grad_accum micro-steps (DDP syncs gradients on the last one), each
+    micro-step's loss its LM loss plus the router penalty at weight lam; returns the last micro-step's output,
+    its [loss, lm_loss, penalty, mean p] and whether every micro-step's loss was finite."""
+    tcfg = run.tcfg
+    starts = run.data.train_starts(run.global_batch, run.generator)
+    loss_ok = torch.ones((), dtype=torch.bool, device=run.device)
+    for micro in range(tcfg.grad_accum):
+        first = (micro * run.world + run.rank) * tcfg.batch_size
+        x, y = run.data.batch("train", starts[first:first + tcfg.batch_size])
+        x, y = x.to(run.device), y.to(run.device)
+        sync = not run.ddp or micro == tcfg.grad_accum - 1
+        with nullcontext() if sync else run.model.no_sync():
+            with run.autocast:
+                out = run.model(x, y, routing)
+                penalty = router_penalty(out, lam, tcfg.router_budget)
+                loss = out.lm_loss + penalty
+            run.scaler.scale(loss / tcfg.grad_accum).backward()
+        loss_ok &= torch.isfinite(loss.detach())
+    parts = torch.stack([loss.detach(), out.lm_loss.detach(), penalty.detach(), out.layer_p.detach().mean()])
+    return out, parts.tolist(), loss_ok
+
+
+def any_rank(run, *flags):
+    """Each flag, true if it is true on any rank: one reduction per step."""
+    flags = torch.stack([torch.as_tensor(flag, device=run.device) for flag in flags]).float()
+    if run.ddp:
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    return [bool(flag) for flag in flags.tolist()]
+
+
+def train_wall(run):
+    """Seconds of training behind the model now, summed over the processes that trained it: what the resumed
+    checkpoint carried plus this process's loop. A process killed without a checkpoint counts up to its last
+    one (its later steps are trained again); None where an old checkpoint left it unknown."""
+    return None if run.wall_before is None else run.wall_before + time.time() - run.started
+
+
+def run_summary(run, final):
+    """train_summary.json: where the run is and its latest evaluation (the grid runner reads it)."""
+    routing = routing_summary(run.last_eval["routing"], run.mcfg.kinds)
+    tokens = run.steps_timed * run.global_batch * run.mcfg.block_size
+    return {"iter_num": run.iter_num, "max_iters": run.tcfg.max_iters, "complete": final, "dtype": dtype_name(run.dtype),
+            "val_loss": run.last_eval["val_loss"], "key_loss": run.last_eval["key_loss"],
+            "other_loss": run.last_eval["other_loss"], "key_frac": run.last_eval["key_frac"],
+            "key_tokens": {"k": run.key_k, "window": run.mcfg.window, "n_sink": run.mcfg.n_sink},
+            "tokens_per_s": tokens / run.train_time if run.train_time else None,
+            "wall_s": time.time() - run.started, "train_wall_s": train_wall(run),
+            "routed_global_frac": routing["global_frac"],
+            "model_ideal_flop_frac": routing["attention_flop_frac_ideal"],
+            "model_computed_flop_frac": routing["attention_flop_frac_computed"],
+            "global_frac_per_layer": routing["global_frac_per_layer"], "val_history": run.val_history,
+            "key_history": run.key_history, "copy_history": run.copy_history,
+            "router_lambdas": run.controller.lam.tolist() if run.controller is not None else None,
+            "nonfinite_steps": run.nonfinite_total}
+
+
+def write_summary(run, final=False):
+    """train_summary.json (rank 0), once an evaluation has given it numbers."""
+    if run.master and run.last_eval:
+        summary = stamp("train_summary", run_summary(run, final))
+        write_json(os.path.join(run.tcfg.out_dir, "train_summary.json"), summary)
+
+
+def skip_step(run, bad_loss):
+    """A non-finite loss or gradient: no update; max_nonfinite_steps in a row end the run."""
+    run.optimizer.zero_grad(set_to_none=True)
+    if run.scaler.is_enabled():
+        run.scaler.update()
+    run.nonfinite_run, run.nonfinite_total = run.nonfinite_run + 1, run.nonfinite_total + 1
+    if run.master:
+        tqdm.write(f"WARNING step {run.iter_num}: non-finite {'loss' if bad_loss else 'gradient'}, step skipped "
+                   f"({run.nonfinite_run} in a row, {run.nonfinite_total} in all)")
+    if run.nonfinite_run >= run.tcfg.max_nonfinite_steps:
+        write_summary(run)  # the summary of the last evaluation counted none of these steps
+        kept = [f"{run.ckpt_path} holds step {run.saved_step}"] if run.saved_step is not None else []
+        if run.best_step is not None:
+            kept.append(f"{run.best_path} holds step {run.best_step} (val loss {run.best_val:.4f})")
+        raise TrainingStopped(
+            f"the run diverged: {run.nonfinite_run} non-finite steps in a row at step {run.iter_num}; lower "
+            f"learning_rate={run.tcfg.learning_rate:g} or raise warmup_iters={run.tcfg.warmup_iters}; "
+            f"{' and '.join(kept) or 'no checkpoint was written'}")
+
+
+def update_controller(run, out, force_global):
+    """Budget-targeted lambda: each routed layer's global fraction of the step (mean over ranks) moves it. A
+    forced-global step says nothing about the routers' choice, and before penalty_start (router_lambda_start,
+    router_local_iters) there is none.
+    The fraction is the routers' own (p >= threshold): router_explore's extra global decisions are training's
+    only, so counting them would leave the trained model below its target by the explored share."""
+    if run.controller is None or force_global or run.iter_num < penalty_start(run.tcfg):
         return
-    if not tcfg.overwrite:
-        raise ValueError(f"{ckpt_path} exists: continue that run with --init_from=resume, or start over in "
-                         f"this folder with --overwrite (or choose another --out_dir)")
-    if master and os.path.exists(best_path):
-        os.remove(best_path)  # the best of the replaced run
-
-
-def start_from(run):
-    """init_from: 'scratch' keeps the fresh weights; 'resume' continues the run in out_dir; GPT-2 weights or a
-    checkpoint's are fine-tuned (routers they lack start fresh)."""
-    init_from = run.tcfg.init_from
-    if init_from == "resume":
-        resume(run)
-    elif is_pretrained(init_from):
-        load_model_state(run.raw_model, gpt2_state_dict(init_from, run.mcfg), init_from, allow_new_routers=True)
-    elif init_from != "scratch":
-        ckpt = load_checkpoint(init_from, run.device)
-        load_model_state(run.raw_model, ckpt["model"], init_from, allow_new_routers=True)
-
-
-def resume(run):
-    """The run continues where its checkpoint left off: weights, optimizer, scaler, step, best val loss,
-    lambda controller and every RNG (exactly, with the same number of processes)."""
-    tcfg = run.tcfg
-    resumed_from, ckpt = load_resume_checkpoint(tcfg.out_dir, run.device)
-    keep_precision(run, ckpt["dtype"])  # None: unknown (nanoaha/formats.py)
-    now = asdict(run.mcfg)
-    changed = {k: (v, now.get(k)) for k, v in ckpt["model_config"].items() if now.get(k) != v and k not in RUNTIME_KEYS}
-    if changed:
-        raise ValueError(f"cannot resume {resumed_from}: model config differs (checkpoint, now): {changed}")
-    if ckpt["optimizer"] is None:
-        raise ValueError(f"cannot resume {resumed_from}: it holds no optimizer state (a pruned checkpoint); "
-                         f"fine-tune it with --init_from={resumed_from} instead")
-    check_same_data(ckpt["data_meta"], run.data.meta, resumed_from)
-    load_model_state(run.raw_model, ckpt["model"], resumed_from)
-    run.optimizer.load_state_dict(ckpt["optimizer"])
-    if ckpt["scaler"] is not None:
-        run.scaler.load_state_dict(ckpt["scaler"])
-    run.iter_num, run.best_val, run.val_history = ckpt["iter_num"], ckpt["best_val_loss"], ckpt["val_history"]
-    run.key_history, run.head_history, run.copy_history = ckpt["key_history"], ckpt["head_history"], ckpt["copy_history"]
-    run.wall_before = ckpt["train_wall_s"]  # None: unknown (an old checkpoint kept no wall time)
-    # what the folder holds, for the divergence message: the resumed checkpoint, the best of the earlier steps
-    run.saved_step = run.iter_num if resumed_from == run.ckpt_path else None
-    run.best_step = next((step for step, loss in run.val_history if loss == run.best_val), None)
-    if run.controller is not None and ckpt["router_lambda_state"] is not None:
-        run.controller.u = ckpt["router_lambda_state"]
-    message = restore_rng(ckpt["rng"], run.generator, run.rank, run.world, tcfg.seed, run.iter_num)
-    saved = ckpt["train_config"]
-    saved_batch = saved["batch_size"] * saved["grad_accum"] * len(ckpt["rng"]["torch"])
-    if message and run.master:
-        order = "continues unchanged" if saved_batch == run.global_batch else \
-            f"changes: the global batch is now {run.global_batch} windows (was {saved_batch})"
-        print(f"{message}; the data order {order}")
-
-
-def train_loop(run, signals):
-    """Evaluate and save every eval_interval steps and at the end, log every log_interval steps; a stop signal
-    saves the step it arrived at and ends the run."""
-    tcfg = run.tcfg
-    show_bar = run.master and tcfg.progress_bar and sys.stderr.isatty()
-    bar = tqdm(total=tcfg.max_iters, initial=run.iter_num, disable=not show_bar, dynamic_ncols=True, leave=False)
-    run.started = time.time()
-    t_last, iters_timed = time.time(), 0  # the steps since the last log line, for its step time
-    try:
-        while run.iter_num < tcfg.max_iters:
-            if run.iter_num % tcfg.eval_interval == 0:
-                evaluate_and_save(run)
-                t_last, iters_timed = time.time(), 0
-            step = train_step(run, signals)
-            run.iter_num += 1
-            iters_timed += 1
-            bar.update(1)
-            if run.iter_num % tcfg.log_interval == 0 or run.iter_num == tcfg.max_iters:
-                log_step(run, step, (time.time() - t_last) / iters_timed)
-                t_last, iters_timed = time.time(), 0
-            if step.stop:
-                stop_on_signal(run, signals)
-        bar.close()
-        evaluate_and_save(run, final=True)
-        run.logger.hparams(run_hparams(tcfg, run.mcfg, dtype_name(run.dtype)))
-        if run.master:
-            print(closing_line(run, time.time() - run.started))
-    finally:
-        bar.close()
-        run.logger.close()
-    return {**run.last_eval, "losses": run.losses}
+    fracs = torch.stack([(p >= run.mcfg.router_threshold).float().mean() for p in out.probs if p is not None])
+    if run.ddp:
+        dist.all_reduce(fracs)
+        fracs = fracs / run.world
+    run.controller.update(fracs.cpu())
 
 
 def train_step(run, signals):
@@ -337,72 +390,6 @@ def train_step(run, signals):
     return Step(out, loss, lr, lam, force_global, held_local, stop)
 
 
-def forward_backward(run, lam, routing):
-    """This rank's slice of the global batch in grad_accum micro-steps (DDP syncs gradients on the last one), each
-    micro-step's loss its LM loss plus the router penalty at weight lam; returns the last micro-step's output,
-    its [loss, lm_loss, penalty, mean p] and whether every micro-step's loss was finite."""
-    tcfg = run.tcfg
-    starts = run.data.train_starts(run.global_batch, run.generator)
-    loss_ok = torch.ones((), dtype=torch.bool, device=run.device)
-    for micro in range(tcfg.grad_accum):
-        first = (micro * run.world + run.rank) * tcfg.batch_size
-        x, y = run.data.batch("train", starts[first:first + tcfg.batch_size])
-        x, y = x.to(run.device), y.to(run.device)
-        sync = not run.ddp or micro == tcfg.grad_accum - 1
-        with nullcontext() if sync else run.model.no_sync():
-            with run.autocast:
-                out = run.model(x, y, routing)
-                penalty = router_penalty(out, lam, tcfg.router_budget)
-                loss = out.lm_loss + penalty
-            run.scaler.scale(loss / tcfg.grad_accum).backward()
-        loss_ok &= torch.isfinite(loss.detach())
-    parts = torch.stack([loss.detach(), out.lm_loss.detach(), penalty.detach(), out.layer_p.detach().mean()])
-    return out, parts.tolist(), loss_ok
-
-
-def any_rank(run, *flags):
-    """Each flag, true if it is true on any rank: one reduction per step."""
-    flags = torch.stack([torch.as_tensor(flag, device=run.device) for flag in flags]).float()
-    if run.ddp:
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-    return [bool(flag) for flag in flags.tolist()]
-
-
-def skip_step(run, bad_loss):
-    """A non-finite loss or gradient: no update; max_nonfinite_steps in a row end the run."""
-    run.optimizer.zero_grad(set_to_none=True)
-    if run.scaler.is_enabled():
-        run.scaler.update()
-    run.nonfinite_run, run.nonfinite_total = run.nonfinite_run + 1, run.nonfinite_total + 1
-    if run.master:
-        tqdm.write(f"WARNING step {run.iter_num}: non-finite {'loss' if bad_loss else 'gradient'}, step skipped "
-                   f"({run.nonfinite_run} in a row, {run.nonfinite_total} in all)")
-    if run.nonfinite_run >= run.tcfg.max_nonfinite_steps:
-        write_summary(run)  # the summary of the last evaluation counted none of these steps
-        kept = [f"{run.ckpt_path} holds step {run.saved_step}"] if run.saved_step is not None else []
-        if run.best_step is not None:
-            kept.append(f"{run.best_path} holds step {run.best_step} (val loss {run.best_val:.4f})")
-        raise TrainingStopped(
-            f"the run diverged: {run.nonfinite_run} non-finite steps in a row at step {run.iter_num}; lower "
-            f"learning_rate={run.tcfg.learning_rate:g} or raise warmup_iters={run.tcfg.warmup_iters}; "
-            f"{' and '.join(kept) or 'no checkpoint was written'}")
-
-
-def update_controller(run, out, force_global):
-    """Budget-targeted lambda: each routed layer's global fraction of the step (mean over ranks) moves it. A
-    forced-global step says nothing about the routers' choice, and before penalty_start (router_lambda_start,
-    router_local_iters) there is none.
-    The fraction is the routers' own (p >= threshold): router_explore's extra global decisions are training's
-    only, so counting them would leave the trained model below its target by the explored share."""
-    if run.controller is None or force_global or run.iter_num < penalty_start(run.tcfg):
-        return
-    fracs = torch.stack([(p >= run.mcfg.router_threshold).float().mean() for p in out.probs if p is not None])
-    if run.ddp:
-        dist.all_reduce(fracs)
-        fracs = fracs / run.world
-    run.controller.update(fracs.cpu())
-
-
 def gathered(run, obj):
     """obj from every rank, in rank order (every rank takes part)."""
     if not run.ddp:
@@ -410,21 +397,6 @@ def gathered(run, obj):
     out = [None] * run.world
     dist.all_gather_object(out, obj)
     return out
-
-
-def keep_precision(run, trained_in):
-    """A run resumed under dtype='auto' continues in the precision it trained in (auto picks per machine, and a
-    checkpoint may move to one that picks another); a dtype named on the command line is used as given."""
-    if trained_in is None or trained_in == dtype_name(run.dtype):
-        return
-    if run.tcfg.dtype == "auto":
-        run.dtype = DTYPES[trained_in]
-        run.scaler = torch.amp.GradScaler(run.device_type, enabled=run.dtype == torch.float16)
-        note = f"continues in {trained_in}, the precision it trained in (dtype=auto; --dtype=NAME to change it)"
-    else:
-        note = f"trained in {trained_in} so far, continues in {run.tcfg.dtype} (--dtype={run.tcfg.dtype})"
-    if run.master:
-        print(f"resuming: the run {note}")
 
 
 def checkpoint_state(run):
@@ -441,13 +413,6 @@ def checkpoint_state(run):
             "data_meta": run.data.meta,
             "rng": {"torch": gathered(run, torch.get_rng_state()), "cuda": gathered(run, cuda),
                     "data": run.generator.get_state()}}
-
-
-def train_wall(run):
-    """Seconds of training behind the model now, summed over the processes that trained it: what the resumed
-    checkpoint carried plus this process's loop. A process killed without a checkpoint counts up to its last
-    one (its later steps are trained again); None where an old checkpoint left it unknown."""
-    return None if run.wall_before is None else run.wall_before + time.time() - run.started
 
 
 def save(run, is_best):
@@ -468,6 +433,15 @@ def save(run, is_best):
     run.saved_step = run.iter_num
     run.best_step = run.iter_num if is_best else run.best_step
     return True
+
+
+def record_at(history, entry):
+    """Append [step, ...] to an evaluation history; a resume at an evaluation's step evaluates it again and
+    replaces that entry."""
+    if history and history[-1][0] == entry[0]:
+        history[-1] = entry
+    else:
+        history.append(entry)
 
 
 def evaluate_and_save(run, final=False):
@@ -508,41 +482,6 @@ def evaluate_and_save(run, final=False):
     if finite:
         save(run, is_best)
     write_summary(run, final)
-
-
-def write_summary(run, final=False):
-    """train_summary.json (rank 0), once an evaluation has given it numbers."""
-    if run.master and run.last_eval:
-        summary = stamp("train_summary", run_summary(run, final))
-        write_json(os.path.join(run.tcfg.out_dir, "train_summary.json"), summary)
-
-
-def record_at(history, entry):
-    """Append [step, ...] to an evaluation history; a resume at an evaluation's step evaluates it again and
-    replaces that entry."""
-    if history and history[-1][0] == entry[0]:
-        history[-1] = entry
-    else:
-        history.append(entry)
-
-
-def run_summary(run, final):
-    """train_summary.json: where the run is and its latest evaluation (the grid runner reads it)."""
-    routing = routing_summary(run.last_eval["routing"], run.mcfg.kinds)
-    tokens = run.steps_timed * run.global_batch * run.mcfg.block_size
-    return {"iter_num": run.iter_num, "max_iters": run.tcfg.max_iters, "complete": final, "dtype": dtype_name(run.dtype),
-            "val_loss": run.last_eval["val_loss"], "key_loss": run.last_eval["key_loss"],
-            "other_loss": run.last_eval["other_loss"], "key_frac": run.last_eval["key_frac"],
-            "key_tokens": {"k": run.key_k, "window": run.mcfg.window, "n_sink": run.mcfg.n_sink},
-            "tokens_per_s": tokens / run.train_time if run.train_time else None,
-            "wall_s": time.time() - run.started, "train_wall_s": train_wall(run),
-            "routed_global_frac": routing["global_frac"],
-            "model_ideal_flop_frac": routing["attention_flop_frac_ideal"],
-            "model_computed_flop_frac": routing["attention_flop_frac_computed"],
-            "global_frac_per_layer": routing["global_frac_per_layer"], "val_history": run.val_history,
-            "key_history": run.key_history, "copy_history": run.copy_history,
-            "router_lambdas": run.controller.lam.tolist() if run.controller is not None else None,
-            "nonfinite_steps": run.nonfinite_total}
 
 
 def log_step(run, step, dt):
@@ -602,6 +541,63 @@ def stop_on_signal(run, signals):
     where = f"saved {run.ckpt_path} at step {run.iter_num}; continue with --init_from=resume" if saved else \
         f"no checkpoint written at step {run.iter_num}"
     raise TrainingStopped(f"stopped by {name}: {where}", 128 + (signals.received or signal.SIGTERM))
+
+
+def train_loop(run, signals):
+    """Evaluate and save every eval_interval steps and at the end, log every log_interval steps; a stop signal
+    saves the step it arrived at and ends the run."""
+    tcfg = run.tcfg
+    show_bar = run.master and tcfg.progress_bar and sys.stderr.isatty()
+    bar = tqdm(total=tcfg.max_iters, initial=run.iter_num, disable=not show_bar, dynamic_ncols=True, leave=False)
+    run.started = time.time()
+    t_last, iters_timed = time.time(), 0  # the steps since the last log line, for its step time
+    try:
+        while run.iter_num < tcfg.max_iters:
+            if run.iter_num % tcfg.eval_interval == 0:
+                evaluate_and_save(run)
+                t_last, iters_timed = time.time(), 0
+            step = train_step(run, signals)
+            run.iter_num += 1
+            iters_timed += 1
+            bar.update(1)
+            if run.iter_num % tcfg.log_interval == 0 or run.iter_num == tcfg.max_iters:
+                log_step(run, step, (time.time() - t_last) / iters_timed)
+                t_last, iters_timed = time.time(), 0
+            if step.stop:
+                stop_on_signal(run, signals)
+        bar.close()
+        evaluate_and_save(run, final=True)
+        run.logger.hparams(run_hparams(tcfg, run.mcfg, dtype_name(run.dtype)))
+        if run.master:
+            print(closing_line(run, time.time() - run.started))
+    finally:
+        bar.close()
+        run.logger.close()
+    return {**run.last_eval, "losses": run.losses}
+
+
+def train(tcfg, mcfg):
+    """Run training; returns a dict with the per-step losses and the final val loss/routing."""
+    with StopSignals() as signals:
+        ddp = int(os.environ.get("RANK", -1)) != -1
+        if ddp:
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+            dist.init_process_group(backend)
+            rank, world = dist.get_rank(), dist.get_world_size()
+            device = f"cuda:{int(os.environ['LOCAL_RANK'])}" if backend == "nccl" else "cpu"
+            if backend == "nccl":
+                torch.cuda.set_device(device)
+        else:
+            rank, world, device = 0, 1, pick_device(tcfg.device)
+        run, finished = None, False
+        try:
+            run = setup(tcfg, mcfg, ddp, rank, world, device)
+            result = train_loop(run, signals)
+            finished = True
+            return result
+        finally:
+            if ddp:
+                end_ddp(run, finished)
 
 
 def main(argv):

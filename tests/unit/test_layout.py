@@ -142,3 +142,24 @@ def test_transformers_finds_its_own_kernels_beside_the_projects():
     assert sys.modules["kernels"] is kernels and kernels.__file__.startswith(ROOT)
     import kernels.attention  # still this project's
     assert kernels.attention.__file__.startswith(ROOT)
+
+
+def calls_before_definition(path):
+    """(caller, callee) pairs of top-level functions of a file where the callee is defined below its caller."""
+    with open(path) as f:
+        tree = ast.parse(f.read())
+    defined = {node.name: i for i, node in enumerate(tree.body) if isinstance(node, ast.FunctionDef)}
+    found = []
+    for i, node in enumerate(tree.body):
+        if isinstance(node, ast.FunctionDef):
+            found += [(node.name, n.id) for n in ast.walk(node)
+                      if isinstance(n, ast.Name) and defined.get(n.id, -1) > i]
+    return found
+
+
+def test_train_py_reads_top_to_bottom(tmp_path):
+    """What a function calls is defined above it, as nanoGPT's train.py reads."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("def a():\n    return b()\n\n\ndef b():\n    return 1\n")
+    assert calls_before_definition(str(bad)) == [("a", "b")]
+    assert calls_before_definition(os.path.join(ROOT, "train.py")) == []
