@@ -35,8 +35,9 @@ from nanoaha.grid.gridfile import GridError, load_grid
 from nanoaha.grid.kept import KEPT_DIR, keep_runs, restore_runs, take_results
 from nanoaha.grid.lock import GridLock
 from nanoaha.grid.plan import describe, launches, plan, train_state, window_groups
-from nanoaha.grid.tables import (comparison_curves_table, has_key_losses, history_differences, load_rows,
-                                 per_layer_table, record_table, rows_of, save_rows, summary_record_table)
+from nanoaha.grid.tables import (COPY_HEAD_GAIN, comparison_curves_table, has_key_losses, headline_table,
+                                 history_differences, load_rows, per_layer_table, record_table, rows_of, save_rows,
+                                 summary_record_table)
 
 
 @dataclass
@@ -48,6 +49,7 @@ class CompareConfig:
     dry_run: bool = False         # print the plan, run nothing
     summary: str = ""             # NAME: the records named on the command line side by side, in RECORD_DIR/<date>_NAME
     from_record: str = ""         # a record of this grid: its kept runs fill the run folders that do not exist
+    headline: str = ""            # a record of this grid: print its headline table (the grid file's headline rows)
 
 
 def log_tail(path, n=3):
@@ -157,6 +159,15 @@ def per_layer_lines(rows):
             table] if table else []
 
 
+def headline_lines(grid, rows):
+    """The record's first table, where the grid file names its headline rows."""
+    if not grid.headline:
+        return []
+    return ["## Headline", "", f"Against {grid.headline['reference']} at the same seed; a copy head: the repeat "
+            f"probe's copy gain ends at {COPY_HEAD_GAIN} nats or more.", "",
+            headline_table(rows, grid.headline["runs"], grid.headline["reference"]), ""]
+
+
 def write_record(grid, jobs, rows, table, cfg, argv, started, elapsed, taken=None):
     """RECORD_DIR/<date>_<grid>/ with README.md, table.md, the grid file and the plots; returns its path."""
     record = new_record_dir(cfg.record_dir, grid.name)
@@ -195,6 +206,7 @@ def write_record(grid, jobs, rows, table, cfg, argv, started, elapsed, taken=Non
              f"in `{os.path.join(cfg.out, grid.name)}/RUN__seed_S/` (train.log, TensorBoard events under tb/, "
              f"ckpt.pt, train_summary.json, eval.json).", "",
              "## Budget", "", *budget_lines(grid, jobs, cfg, started, elapsed, taken), "",
+             *headline_lines(grid, rows),
              "## Results", "", "[table.md](table.md):", "", table, "", *per_layer_lines(rows),
              *along, "## Plots", "",
              "![val loss against attention FLOPs](pareto.png)", "",
@@ -307,6 +319,15 @@ def main(argv):
         return 0
     if len(paths) != 1:
         sys.exit("name one grid file: python compare.py configs/grids/NAME.py [--jobs=2] [--dry_run]")
+    if cfg.headline:
+        try:
+            grid, (_, _, rows, _) = load_grid(paths[0]), load_rows(cfg.headline)
+            if not grid.headline:
+                raise GridError(f"{paths[0]} names no headline rows: add headline = {{'reference': RUN, 'runs': ...}}")
+            print("\n".join(headline_lines(grid, rows)), end="")
+        except (GridError, KeyError) as e:
+            sys.exit(f"grid error: {e}")
+        return 0
     if cfg.jobs < 0 or cfg.threads < 0:
         sys.exit(f"--jobs={cfg.jobs} --threads={cfg.threads}: use a positive number, or 0 for the default")
     cfg.jobs = cfg.jobs or os.cpu_count() or 1

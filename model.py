@@ -242,10 +242,18 @@ class Attention(nn.Module):
         return hard, hard.float(), None
 
 
+def trained_mode(config, routed_mode=None):
+    """The mode routed layers train in: routed_mode (None: config.routed_mode) with learned routers; 'sparse' with
+    random routing, whose gate carries no gradient ('exact' computes the full output of local tokens only for the
+    routers' straight-through gradient: the same outputs and weight gradients, at the cost of full attention)."""
+    return "sparse" if config.routing == "random" else routed_mode or config.routed_mode
+
+
 def run_mode(routed_mode, force_global, generating=False):
-    """The mode routed layers run in at one call, given the mode they train in: an all-global step runs 'exact'
-    (the dense kernel is cheapest); without a gradient (evaluation) or with a KV cache (generation) 'sparse',
-    since 'exact' computes full attention for every token only so that the straight-through gradient is exact."""
+    """The mode routed layers run in at one call, given the mode they train in (trained_mode): an all-global step
+    runs 'exact' (the dense kernel is cheapest); without a gradient (evaluation) or with a KV cache (generation)
+    'sparse', since 'exact' computes full attention for every token only so that the straight-through gradient
+    is exact."""
     if force_global:
         return "exact"
     return routed_mode if torch.is_grad_enabled() and not generating else "sparse"
@@ -302,7 +310,7 @@ class GPT(nn.Module):
         start = cache[0].length if cache else 0
         if start + T > self.config.block_size:
             raise ValueError(f"sequence of {start + T} tokens is longer than block_size={self.config.block_size}")
-        trained = self.config.routed_mode if routing.mode is None else routing.mode
+        trained = trained_mode(self.config, routing.mode)
         mode = run_mode(trained, routing.force == "global" and routing.layers is None, generating=bool(cache))
         x = self.wte(idx)
         if self.wpe is not None:

@@ -198,7 +198,7 @@ def resume(run):
 
 def start_from(run):
     """init_from: 'scratch' keeps the fresh weights; 'resume' continues the run in out_dir; GPT-2 weights or a
-    checkpoint's are fine-tuned (routers they lack start fresh)."""
+    checkpoint's are fine-tuned (routers they lack start fresh), a checkpoint's on the data that follows its own."""
     init_from = run.tcfg.init_from
     if init_from == "resume":
         resume(run)
@@ -207,6 +207,13 @@ def start_from(run):
     elif init_from != "scratch":
         ckpt = load_checkpoint(init_from, run.device)
         load_model_state(run.raw_model, ckpt["model"], init_from, allow_new_routers=True)
+        # the data stream goes on from where the checkpoint's left it: re-seeded from `seed`, a fine-tuning run
+        # would train on the very batches its start trained on (at equal seeds, those of its dense half)
+        if ckpt.get("rng") and ckpt["rng"].get("data") is not None:
+            run.generator.set_state(ckpt["rng"]["data"])
+        elif run.master:
+            tqdm.write(f"{init_from} keeps no data stream (a pruned checkpoint): its batches start from seed "
+                       f"{run.tcfg.seed}, and may repeat what it trained on")
 
 
 def setup(tcfg, mcfg, ddp, rank, world, device):

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from model import Routing
+from model import Routing, trained_mode
 from nanoaha.checkpoint import checkpoint_path, load_checkpoint, load_model
 from data.loader import TokenData
 from data.synthetic.tasks import UNKNOWN_LABEL
@@ -213,7 +213,7 @@ def evaluate_losses(model, batches, autocast=None, routing=None, key_labels=None
                 if key_counts is not None:
                     count_gates(key_counts, out.gates, torch.where(y.cpu() == -1, UNKNOWN_LABEL,
                                                                    key_labels[i].long()))
-            stats.append(routing_stats(out, model.config, mode=model.config.routed_mode))
+            stats.append(routing_stats(out, model.config, mode=trained_mode(model.config)))
             if progress:
                 progress()
     model.train(training)
@@ -334,7 +334,7 @@ def evaluate_routing(model, data, split="val", max_examples=500, batch_size=16):
             is_answer = data.token_array(split, "answer", batch) == 1
             labels = data.token_array(split, "needs_global", batch)
             out = model(x.to(device), y.to(device))
-            stats.append(routing_stats(out, model.config, mode=model.config.routed_mode))
+            stats.append(routing_stats(out, model.config, mode=trained_mode(model.config)))
             n_scored = int((y != -1).sum())
             loss_sum, scored = loss_sum + out.lm_loss.item() * n_scored, scored + n_scored
             correct = out.logits.argmax(-1).cpu() == targets

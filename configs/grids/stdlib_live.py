@@ -92,4 +92,14 @@ comparisons = {
     "at one head's cost, learned per-head routing vs one fixed global head":
         ("routed_per_head_one_head", "LR_one_global_head"),
 }
+headline = {"reference": "LG", "runs": {
+    "dense": "dense attention in both layers",
+    "local": "window 32 in both layers",
+    "LG": "local first layer, dense second",
+    "LR_one_global_head": "local first layer; one always-global head in the second",
+    "routed_at_LG": "learned per-token routing, every layer, at LG's cost (half the decisions global)",
+    "routed_per_head_at_LG": "learned per-head routing (one decision per head), at LG's cost",
+    "routed_per_head_one_head": "learned per-head routing at one head's cost (1 of 8 decisions global)",
+    "finetuned": "2500 dense steps, then 2500 routed (lambda 0.01)",
+}}
 evaluate = {"eval_tokens": 65536}

@@ -14,12 +14,14 @@ the grid answers:
     references = {"local": "local", "dense": "dense"}   # optional: the rows of gap recovery (default: so named)
     evaluate = {"eval_tokens": 65536}                   # optional: evaluate.py options for every run
     comparisons = {"learned vs random routing": ("routed", "random")}  # optional: question -> (run, other run)
+    headline = {"reference": "dense", "runs": {"routed": "learned routing"}}  # optional: the record's first table
 
 "run:NAME" (init_from) is the checkpoint of run NAME with the same seed; "matched:NAME" (random_global_q) the
 per-layer global fractions of NAME's evaluation, same seed. Either makes NAME run first. A run's "seeds" key
 replaces the grid's seeds for that run. Run NAME at seed S trains in OUT/GRID/NAME__seed_S. Each of
 "comparisons" becomes a line of the record's comparisons table: the first run's val loss minus the other's at
-the same seed (the pairs the grid's conclusions rest on).
+the same seed (the pairs the grid's conclusions rest on). "headline" names the core rows (run -> what it is) of
+the record's first table (tables.headline_table), each against the reference run at the same seed.
 
 load_grid reads a grid file and checks it (every problem a GridError with a one-line message); run_order puts
 each run after the runs it depends on. compare.py runs a grid: the plan is plan.py, running it runner.py, its
@@ -30,7 +32,7 @@ import dataclasses
 import difflib
 import os
 
-GRID_KEYS = {"base", "common", "seeds", "runs", "references", "evaluate", "comparisons"}
+GRID_KEYS = {"base", "common", "seeds", "runs", "references", "evaluate", "comparisons", "headline"}
 RUNNER_KEYS = {"out_dir", "seed"}  # the runner sets these for each run
 RUNNER_EVAL_KEYS = {"out_dir", "overwrite"}  # the runner's evaluation writes the run's eval.json, replacing it
 SPECIAL = {"run:": "init_from", "matched:": "random_global_q"}  # prefix -> the one key it may be given to
@@ -54,6 +56,7 @@ class Grid:
     references: dict      # {"local": run name, "dense": run name}, either may be missing
     evaluate: dict        # evaluate.py options
     comparisons: dict = dataclasses.field(default_factory=dict)  # question -> (run, other run)
+    headline: dict = dataclasses.field(default_factory=dict)  # {"reference": run, "runs": {run: what it is}}
 
 
 def grid_doc(source):
@@ -136,10 +139,25 @@ def load_grid(path):
         if missing or pair[0] == pair[1]:
             raise GridError(f"{path}: comparisons[{question!r}] = {tuple(pair)!r}: "
                             + (f"{', '.join(map(repr, missing))} is not a run" if missing else "name two runs"))
+    headline = values.get("headline") or {}
+    check_headline(path, headline, runs)
     grid = Grid(os.path.splitext(os.path.basename(path))[0], path, grid_doc(source), base, common, seeds, runs,
-                run_seeds, references, evaluate, {q: tuple(pair) for q, pair in comparisons.items()})
+                run_seeds, references, evaluate, {q: tuple(pair) for q, pair in comparisons.items()}, headline)
     run_order(grid)  # reports cycles
     return grid
+
+
+def check_headline(path, headline, runs):
+    """headline: {} or {"reference": a run, "runs": {run: what it is (a string)}}, every name a run."""
+    if not headline:
+        return
+    ok = isinstance(headline, dict) and set(headline) == {"reference", "runs"} and \
+        isinstance(headline["runs"], dict) and all(isinstance(v, str) for v in headline["runs"].values())
+    if not ok:
+        raise GridError(f"{path}: headline must be {{'reference': RUN, 'runs': {{RUN: 'what it is', ...}}}}")
+    missing = [name for name in [headline["reference"], *headline["runs"]] if name not in runs]
+    if missing:
+        raise GridError(f"{path}: headline names {', '.join(map(repr, missing))}, not a run of the grid")
 
 
 def format_value(value):

@@ -431,6 +431,61 @@ def per_layer_table(rows):
                       *lines]) + "\n"
 
 
+COPY_HEAD_GAIN = 0.1  # nats of copy gain (train.py's repeat probe) that count as a copy head: 5x its noise (+-0.02)
+
+
+def copy_head_step(result):
+    """The first evaluation step at which the repeat probe's copy gain reached COPY_HEAD_GAIN, where it ends at or
+    above it (a copy head grew); False where it ends below; None where the run was not probed during training."""
+    history = result.get("copy_history") or []
+    if not history:
+        return None
+    if history[-1][1] < COPY_HEAD_GAIN:
+        return False
+    return next(step for step, gain, *_ in history if gain >= COPY_HEAD_GAIN)
+
+
+def agreement_text(diffs):
+    """How many same-seed differences say better, worse or tie (within SMALLEST_DIFFERENCE), e.g. 'worse on 3 of
+    3', 'better on 1, worse on 2 of 3'."""
+    counts = {"better": sum(d <= -SMALLEST_DIFFERENCE for d in diffs), "worse": sum(d >= SMALLEST_DIFFERENCE for d in diffs)}
+    counts["tie"] = len(diffs) - counts["better"] - counts["worse"]
+    said = [f"{word} on {n}" for word, n in counts.items() if n]
+    return f"{', '.join(said)} of {len(diffs)}"
+
+
+def headline_table(rows, runs, reference):
+    """The README's table: per run (runs: {run: what it is}), all-token and key-token val loss, the same-seed
+    difference to `reference` on both with how many seeds agree, the copy-head count (the seeds whose repeat probe
+    ends at COPY_HEAD_GAIN or more, of those probed during training), attention FLOPs ideal and as computed in
+    training, KV-cache bytes and training tokens/s, each from the seeds the record has."""
+    by_name = {row.run: row for row in rows}
+    ref = by_name[reference]
+    lines = [f"| run | what it is | seeds | val loss | key-token loss | vs {reference}, same seed | key tokens vs "
+             f"{reference} | copy head | attention FLOPs ideal / in training | KV cache | training tokens/s |",
+             "|" + "---|" * 11]
+    for run, what in runs.items():
+        row = by_name[run]
+        done = [r for r in row.results if r["complete"]]
+        cells = []
+        for metric in ("val_loss", "key_loss"):
+            diffs = paired_differences(row, ref, metric)
+            stat = spread(diffs)
+            cells.append("reference" if run == reference else "-" if stat is None else
+                         f"{signed(stat[0])} [{signed(stat[1])}, {signed(stat[2])}], {agreement_text(diffs)}")
+        probed = [copy_head_step(r) for r in done if copy_head_step(r) is not None]
+        copy = f"{sum(step is not False for step in probed)} of {len(probed)}" if probed else "not probed"
+        if probed and len(probed) < len(done):
+            copy += f" ({len(done) - len(probed)} not probed)"
+        kv = spread([r["kv_bytes"] / r["kv_bytes_dense"] for r in done if r.get("kv_bytes") and r.get("kv_bytes_dense")])
+        tokens = row.mean("tokens_per_s")
+        lines.append(f"| {run} | {what} | {len(done)} | {fmt_loss(row.stat('val_loss'))} | "
+                     f"{fmt_loss(row.stat('key_loss'))} | {cells[0]} | {cells[1]} | {copy} | "
+                     f"{percent(row.mean('flops_ideal'), 0)} / {percent(row.mean('flops_computed'), 0)} | "
+                     f"{percent(kv and kv[0], 0)} | {'-' if tokens is None else f'{tokens:,.0f}'} |")
+    return "\n".join(lines) + "\n"
+
+
 def record_table(rows, references, comparisons):
     """A record's table.md: results_table, then the grid's comparisons table where it asks any."""
     table = results_table(rows, references)

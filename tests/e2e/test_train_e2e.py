@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import train
+from data.loader import TokenData
 from helpers import CPU_FP32, flags, run_script, tiny_train_configs
 from model import GPT
 from nanoaha import checkpoint
@@ -212,3 +213,26 @@ def test_the_repeat_probe_runs_at_every_evaluation_without_moving_training(tmp_p
     assert unprobed["losses"] == probed["losses"] and unprobed["val_loss"] == probed["val_loss"]
     with open(tmp_path / "unprobed" / "out" / "train_summary.json") as f:
         assert json.load(f)["copy_history"] == []
+
+
+def test_fine_tuning_trains_on_the_batches_after_its_checkpoints_not_on_them_again(tmp_path, tiny_corpus,
+                                                                                   monkeypatch):
+    """Re-seeded from `seed`, a run fine-tuned from a checkpoint drew the batches its start had trained on: the
+    routed half of a fine-tuning row replayed its dense half. It continues the stream: its batches are those a
+    run from scratch draws after the same number of steps."""
+    drawn = []
+    starts = TokenData.train_starts
+    monkeypatch.setattr(TokenData, "train_starts", lambda self, n, generator: drawn.append(starts(self, n, generator))
+                        or drawn[-1])
+
+    def run(name, steps, **overrides):
+        drawn.clear()
+        train.train(*tiny_train_configs(tmp_path / name, tiny_corpus, max_iters=steps, eval_interval=steps,
+                                        schedule="G", **overrides))
+        return list(drawn)
+
+    whole = run("whole", 8)
+    first = run("first", 4)
+    assert first == whole[:4]
+    tuned = run("tuned", 4, init_from=str(tmp_path / "first" / "out" / "ckpt.pt"))
+    assert tuned == whole[4:] and tuned != first

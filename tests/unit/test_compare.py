@@ -610,3 +610,35 @@ def test_a_kept_runs_command_is_compared_as_its_checkout_saw_it_so_a_record_grow
     assert comparable(argv, "/work/one", relative=True) == comparable(argv, "/work/two", relative=True)
     moved = ["python", "train.py", "configs/other.py", "--schedule=L", "--data_dir=data/python_stdlib"]
     assert comparable(moved, "/work/two", relative=True) != comparable(argv, "/work/one", relative=True)
+
+
+def test_a_copy_head_is_a_copy_gain_that_ends_at_the_level_and_is_dated_from_when_it_first_reached_it():
+    from nanoaha.grid.tables import COPY_HEAD_GAIN, agreement_text, copy_head_step
+    assert COPY_HEAD_GAIN == 0.1
+    assert copy_head_step({"copy_history": [[0, 0.0], [250, 0.12], [500, 0.05], [750, 0.15]]}) == 250
+    assert copy_head_step({"copy_history": [[0, 0.0], [250, 0.12], [500, 0.09]]}) is False  # lost again
+    assert copy_head_step({"copy_history": []}) is None and copy_head_step({}) is None  # not probed
+    assert agreement_text([-0.001, 0.002, 0.0001]) == "better on 1, worse on 1, tie on 1 of 3"
+    assert agreement_text([0.0005, 0.2]) == "worse on 2 of 2"
+
+
+def test_the_readmes_headline_table_regenerates_from_the_record_it_names(capsys):
+    """The README's table is `compare.py GRID --headline=RECORD`, byte for byte, for the record it links."""
+    import re
+
+    import compare
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    record = re.search(r"python compare.py (configs/grids/\w+\.py) --headline=(results/[\w-]+)", readme)
+    assert record is not None
+    assert compare.main([record.group(1), f"--headline={os.path.join(ROOT, record.group(2))}"]) == 0
+    table = capsys.readouterr().out.split("\n\n", 2)[2]  # after the heading and the note
+    assert table in readme
+
+
+def test_a_grids_headline_names_runs_it_has(tmp_path):
+    path = write_grid(tmp_path / "g.py", {"a": {"schedule": "L"}}, {}, extra="headline = {'reference': 'b', 'runs': {'a': 'x'}}\n")
+    with pytest.raises(GridError, match="headline names 'b', not a run of the grid"):
+        load_grid(path)
+    path = write_grid(tmp_path / "g.py", {"a": {"schedule": "L"}}, {}, extra="headline = {'runs': ['a']}\n")
+    with pytest.raises(GridError, match="headline must be"):
+        load_grid(path)

@@ -510,3 +510,25 @@ def test_rotary_rotates_each_pair_by_its_position_angle(dtype):
     norms = lambda y: y.float()[..., :half] ** 2 + y.float()[..., half:] ** 2
     tol = {"rtol": 2e-2, "atol": 2e-2} if dtype == torch.bfloat16 else {}
     torch.testing.assert_close(norms(rotated), norms(x), **tol)
+
+
+def test_random_routing_trains_sparse_with_the_gradients_exact_mode_gives(monkeypatch):
+    """A random gate carries no gradient, so 'exact' would compute the full output of local tokens for nothing:
+    random routing trains 'sparse', with exact mode's outputs and weight gradients, at less attention."""
+    torch.manual_seed(0)
+    cfg = small_config(schedule="RL", routing="random", random_global_q=0.3, routed_mode="exact")
+    model, x = GPT(cfg).double(), tokens()
+    runs = []
+    for forced_exact in (False, True):
+        if forced_exact:  # what training random routing in exact mode would compute
+            monkeypatch.setattr("model.trained_mode", lambda config, routed_mode=None: "exact")
+        torch.manual_seed(1)  # the same random gates
+        model.zero_grad()
+        out = model(x, x)
+        assert out.routed_mode == ("exact" if forced_exact else "sparse")
+        out.lm_loss.backward()
+        runs.append((out.logits.detach(), [p.grad.clone() for p in model.parameters()], out.attention_keys[0]))
+    torch.testing.assert_close(runs[0][0], runs[1][0])
+    for a, b in zip(runs[0][1], runs[1][1]):
+        torch.testing.assert_close(a, b)
+    assert runs[0][2] < runs[1][2]  # fewer query-key pairs than exact's
