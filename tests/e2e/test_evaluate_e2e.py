@@ -193,9 +193,10 @@ def test_command_line_writes_json_and_the_markdown_table(runs, tmp_path, capsys)
     evaluate.main([str(runs.root / "runs"), f"--out_dir={out}", "--thresholds=0.2,0.8", "--key_k=2", *FAST])
     assert sorted(os.listdir(out)) == ["eval.md", "random.json", "routed.json"]
     written = json.load(open(out / "routed.json"))
-    assert set(written) == SPEC_KEYS | {"settings"}
+    assert set(written) == SPEC_KEYS | {"settings", "format"}
     assert [row["threshold"] for row in written["threshold_sweep"]] == [0.2, 0.8]
     settings = written.pop("settings")  # what evaluate.py adds: the settings that decide the numbers
+    assert written.pop("format") == 1  # and the file's format (nanoaha/formats.py)
     assert settings["thresholds"] == [0.2, 0.8] and settings["eval_tokens"] == EVAL_TOKENS
     assert written == evaluated(runs.routed, thresholds=(0.2, 0.8), key_k=2)
     table = (out / "eval.md").read_text()
