@@ -1,71 +1,59 @@
-"""The comparison where long context pays: at the budget where the learning curves (grid stdlib_curves, record
-results/2026-12-03_stdlib_curves) have dense ahead of local on key tokens and on all tokens at both seeds, does
-learned routing follow dense, and does it beat the fixed schedules, random routing and fine-tuning at equal
-attention cost? Where it does not, what does it miss (GL and LR: is LG's lead its local first layer; router
-changes at LG's cost; a per-head router), and what does a wider window buy instead (local at w = 8 to 128)?
+"""The comparison where long context pays: at the budget where the learning curves (grid stdlib_curves) have
+dense ahead of local on key tokens, does learned routing grow what pays there (a copy head above local
+previous-token heads), and does it beat the fixed schedules, random routing and fine-tuning at equal attention
+cost? Where it does not, what does it miss: the order of the layers (GL, LR), router changes at LG's cost, one
+decision per head instead of per token, and one fixed always-global head, the layout per-head routers find.
 
-Shape and data of the curves grid: stdlib bytes, 2 layers x 256 (4 heads of 64), T = 1024, w = 32, bf16 on the
-CPU; 5000 steps of 4 x 1024 tokens (20.5M tokens a run), cosine from 1e-3 to 1e-4 over the run; fine-tuning is
-2500 dense steps, then 2500 routed steps on a new schedule. Every run evaluates every 250 steps (runs trained
-since results/2026-12-04_stdlib_live_5 also run the repeat probe there), so the record also has every row's
-learning curve. At two layers the fixed schedules with one global layer are LG and GL (LLLG and LLLLLG repeat
-to LL, local); routing at LG's attention cost aims at half of the routed decisions global.
+2 layers x 256 (4 heads of 64) on the stdlib as bytes, T = 1024, w = 32, bf16 on the CPU; 5000 steps of 4 x 1024
+tokens (20.5M tokens a run), cosine from 1e-3 to 1e-4 over the run; every run evaluates, and runs the repeat
+probe, every 250 steps, so the record has every row's learning and copy curves. Fine-tuning rows train 2500
+dense steps, then 2500 steps on a new schedule on the batches that follow (train.py continues the data stream).
+Key tokens are labelled beyond a window of 32 for every row (evaluate's key_window). At two layers the fixed
+schedules with one global layer are LG and GL; routing at LG's attention cost aims at half of the routed
+decisions global, at one head's cost at 1 of the 8 head decisions.
 
     python data/python_stdlib/prepare.py
     python compare.py configs/grids/stdlib_live.py [--from_record=results/<date>_stdlib_live]
 
-Budget (measured, two runs side by side on the 2-core CPU, one thread each): about 35 minutes a run for local,
-40 for LG, 45 for LR, 52-55 for dense and the routed rows, 17-25 for each half of a fine-tuning row; the whole
-plan is about 25 process-hours, so it grows by session: each session's record keeps its finished runs
-(docs/grids.md, "A grid over several sessions") and the next continues from it with --from_record. Seed lists
-below say what has run; seeds still to run are in "next:" comments. Seed 1 of the first five rows ran before
-records kept run files: later records carry its numbers from rows.json, and random_matched, whose rates come
-from routed's evaluation file, runs at seeds 2 and 3.
+Budget (two runs side by side on a 2-core CPU, one thread each): 35-55 minutes a run (local fastest, dense and
+the learned rows slowest), 17-25 for each half of a fine-tuning row; a grid of many process-hours, grown by
+seeds and rows with --from_record (docs/grids.md, "A grid over several sessions"). Rows whose outcome is yes or
+no (a copy head grew or not) run five seeds.
 """
 base = ["configs/quickstart.py"]
 _MAX_ITERS = 5000
 common = {"n_layer": 2, "n_embd": 256, "max_iters": _MAX_ITERS, "warmup_iters": 100, "eval_interval": 250,
           "eval_iters": 20, "log_interval": 50, "router_lambda_ramp": 500}
-seeds = [1]
-_core = [1, 2, 3]
+seeds = [1, 2, 3]
+_five = [1, 2, 3, 4, 5]
 _half = _MAX_ITERS // 2
 runs = {
-    "dense": {"schedule": "G", "seeds": [1, 2, 3]},
-    "local": {"schedule": "L", "seeds": [1, 2, 3]},
-    "LG": {"schedule": "LG", "seeds": [1, 2, 3]},
-    "routed": {"schedule": "R", "router_lambda": 0.01, "seeds": [1, 2, 3]},
-    # fine-tuning at equal total tokens: half the steps dense, then half routed (all weights, or the routers only)
-    "dense_half": {"schedule": "G", "max_iters": _half, "seeds": _core},
-    "finetuned": {"schedule": "R", "init_from": "run:dense_half", "max_iters": _half, "seeds": _core},
-    "finetuned_routers": {"schedule": "R", "init_from": "run:dense_half", "max_iters": _half,
-                          "trainable": "router", "seeds": _core},
-    "routed_at_LG": {"schedule": "R", "router_target_global": 0.5, "seeds": _core},
-    "GL": {"schedule": "GL", "seeds": [2]},  # next: [1, 2, 3]
-    "LR": {"schedule": "LR", "router_lambda": 0.01, "seeds": [1, 2, 3]},
-    # the fixed counterpart of LR's routers: one head of layer 1 always global, the rest local
+    "dense": {"schedule": "G", "seeds": _five},
+    "local": {"schedule": "L"},
+    "LG": {"schedule": "LG", "seeds": _five},
+    "GL": {"schedule": "GL", "seeds": [2]},
+    # one head of the second layer always global over a local first layer: the layout per-head routers find
     "LR_one_global_head": {"schedule": "LR", "routing": "random", "random_global_q": [0.0, [1.0, 0.0, 0.0, 0.0]],
-                           "seeds": [1, 2]},
+                           "seeds": _five},
+    "routed": {"schedule": "R", "router_lambda": 0.01},
+    "routed_at_LG": {"schedule": "R", "router_target_global": 0.5, "seeds": _five},
+    "routed_per_head_at_LG": {"schedule": "R", "router_per_token": False, "router_target_global": 0.5,
+                              "seeds": _five},
+    "routed_per_head_one_head": {"schedule": "R", "router_per_token": False, "router_target_global": 0.125,
+                                 "seeds": _five},
+    "LR": {"schedule": "LR", "router_lambda": 0.01},
+    "LR_per_head": {"schedule": "LR", "router_per_token": False, "router_lambda": 0.01, "seeds": [1, 2]},
     "routed_at_LG_init_local": {"schedule": "R", "router_target_global": 0.5, "router_init_bias": -3.0,
                                 "seeds": [2]},
     "routed_at_LG_held_local": {"schedule": "R", "router_target_global": 0.5, "router_local_iters": 1000,
                                 "seeds": [2]},
-    # a learned per-head schedule: one decision per head for every token (router_per_token=False), the
-    # improvement LR_one_global_head points to (a fixed global head beat LR's token routing on both seeds)
-    "routed_per_head_at_LG": {"schedule": "R", "router_per_token": False, "router_target_global": 0.5,
-                              "seeds": _core},
-    "LR_per_head": {"schedule": "LR", "router_per_token": False, "router_lambda": 0.01, "seeds": [1, 2]},
-    # a learned per-head schedule at the cost of one global head (1 of the 8 head decisions), against
-    # LR_one_global_head: does per-head routing find that layout (a local first layer, one copy head) by itself?
-    "routed_per_head_one_head": {"schedule": "R", "router_per_token": False, "router_target_global": 0.125,
-                                 "seeds": [1, 2]},  # next: seed 3
-    # random routing at routed's per-layer rates; seeds 2 and 3 only: the rates come from routed's evaluation file,
-    # which seed 1 no longer has
+    # random routing at routed's per-layer rates (from routed's evaluation at the same seed)
     "random_matched": {"schedule": "R", "routing": "random", "random_global_q": "matched:routed", "seeds": [2, 3]},
-    # the window ladder; next: seeds [1, 2, 3] for all four
-    "local_w8": {"schedule": "L", "window": 8},
-    "local_w16": {"schedule": "L", "window": 16},
-    "local_w64": {"schedule": "L", "window": 64, "seeds": [1, 2]},
-    "local_w128": {"schedule": "L", "window": 128, "seeds": [1, 2]},
+    # fine-tuning at equal total tokens: half the steps dense, then half routed (all weights, or the routers only)
+    "dense_half": {"schedule": "G", "max_iters": _half},
+    "dense_then_routed": {"schedule": "R", "init_from": "run:dense_half", "max_iters": _half},
+    "dense_then_routers": {"schedule": "R", "init_from": "run:dense_half", "max_iters": _half,
+                           "trainable": "router"},
 }
 comparisons = {
     "dense vs local": ("dense", "local"),
@@ -74,10 +62,8 @@ comparisons = {
     "learned routing vs dense": ("routed", "dense"),
     "at LG's attention cost: learned vs LG": ("routed_at_LG", "LG"),
     "learned vs random routing, same per-layer rates": ("routed", "random_matched"),
-    "fine-tuned vs from scratch, equal tokens": ("finetuned", "routed"),
-    "only the routers trained vs their dense start": ("finetuned_routers", "dense_half"),
-    "dense vs local at w = 128": ("dense", "local_w128"),
-    "LG vs local at w = 128": ("LG", "local_w128"),
+    "fine-tuned vs from scratch, equal tokens": ("dense_then_routed", "routed"),
+    "only the routers trained vs their dense start": ("dense_then_routers", "dense_half"),
     "local first layer: LG vs GL": ("LG", "GL"),
     "routing the second layer only vs LG": ("LR", "LG"),
     "LR vs one fixed global head in its routed layer": ("LR", "LR_one_global_head"),
@@ -100,6 +86,6 @@ headline = {"reference": "LG", "runs": {
     "routed_at_LG": "learned per-token routing, every layer, at LG's cost (half the decisions global)",
     "routed_per_head_at_LG": "learned per-head routing (one decision per head), at LG's cost",
     "routed_per_head_one_head": "learned per-head routing at one head's cost (1 of 8 decisions global)",
-    "finetuned": "2500 dense steps, then 2500 routed (lambda 0.01)",
+    "dense_then_routed": "2500 dense steps, then 2500 routed (lambda 0.01) on the next batches",
 }}
-evaluate = {"eval_tokens": 65536}
+evaluate = {"eval_tokens": 65536, "key_window": 32}

@@ -74,10 +74,11 @@ def refuse_checkpoint_needs(jobs, sources, what, needs=("init_from",)):
                                 f"delete {source.out_dir} to retrain it here, or keep {job.label} in the record")
 
 
-def run_settings(grid, run):
+def run_settings(grid, run, window):
     """What a run's numbers depend on in a grid file: base configs, the run's settings over common's, the
-    evaluation."""
-    return {"base": list(grid.base), "settings": {**grid.common, **grid.runs[run]}, "evaluate": dict(grid.evaluate)}
+    evaluation (key_window resolved: 0 labels beyond the run's own window)."""
+    evaluate = {**grid.evaluate, "key_window": grid.evaluate.get("key_window") or window}
+    return {"base": list(grid.base), "settings": {**grid.common, **grid.runs[run]}, "evaluate": evaluate}
 
 
 def take_results(record, grid, jobs):
@@ -106,7 +107,8 @@ def take_results(record, grid, jobs):
         if job.key not in results:
             continue
         if job.run not in recorded_grid.runs or job.seed not in recorded_grid.run_seeds[job.run] or \
-                run_settings(recorded_grid, job.run) != run_settings(grid, job.run):
+                run_settings(recorded_grid, job.run, job.mcfg.window) != \
+                run_settings(grid, job.run, job.mcfg.window):
             refused.append(f"{job.label}: the record trained or evaluated it with other settings; it trains here")
             continue
         taken[job.key] = {**results[job.key], "status": "ok", "taken_from": results[job.key].get("taken_from") or record}

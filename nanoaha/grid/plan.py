@@ -31,6 +31,7 @@ class Job:
     mcfg: GPTConfig
     eval_settings: dict = None  # the "settings" its eval.json must record: those of the grid's evaluate command
     matched_settings: dict = None  # for a "matched:NAME" run: NAME's eval_settings (its rates come from there)
+    matched_window: int = 0  # ... and NAME's window (what key_window 0 resolves to)
 
     @property
     def key(self):
@@ -103,12 +104,12 @@ def plan(grid, out_root):
             except ConfigError as e:
                 raise GridError(f"{grid.path}: run {run}: {e}") from None
             jobs.append(Job(run, seed, run_dir(out_root, grid, run, seed), overrides, deps, tcfg, mcfg,
-                            grid_eval_settings(grid, tcfg)))
+                            grid_eval_settings(grid, tcfg, mcfg.window)))
     for job in jobs:
         dep = matched_run(job)
         target = next((j for j in jobs if j.run == dep), None)
         if target:
-            job.matched_settings = target.eval_settings
+            job.matched_settings, job.matched_window = target.eval_settings, target.mcfg.window
         if target and ("R" not in target.mcfg.layer_letters or target.mcfg.n_layer != job.mcfg.n_layer):
             raise GridError(f"{grid.path}: run {job.run}: matched:{dep} needs {dep} to have routed layers and "
                             f"as many layers ({job.mcfg.n_layer})")
@@ -144,7 +145,8 @@ def matched_rates(job, out_root, grid):
     that are not routed (a random rate is used by routed layers only). None until NAME's evaluation exists."""
     if matched_run(job) is None:
         return None
-    result = evaluation_with(run_dir(out_root, grid, matched_run(job), job.seed), job.matched_settings)
+    result = evaluation_with(run_dir(out_root, grid, matched_run(job), job.seed), job.matched_settings,
+                             job.matched_window)
     if result is None:
         return None  # not evaluated yet, or not by the grid (another evaluate.py wrote over it): not its rates
     return [0.0 if q is None else round(q, 6) for q in result["global_frac_per_layer"]]
@@ -183,30 +185,40 @@ def eval_argv(job, grid):
     return [sys.executable, os.path.relpath(EVALUATE_PY), job.out_dir, *eval_flags(grid)]
 
 
-def grid_eval_settings(grid, tcfg):
+def grid_eval_settings(grid, tcfg, window):
     """The settings (evaluate.eval_settings) the grid's evaluate command records for a run trained with tcfg:
-    its data_dir, else the run's training corpus, as evaluate.py resolves it."""
+    its data_dir, else the run's training corpus, as evaluate.py resolves it; key_window resolved (0 labels key
+    tokens beyond the run's own window)."""
     from nanoaha.evaluation import EvalConfig, eval_settings
     try:
         (cfg,) = parse_args(eval_flags(grid), EvalConfig)
     except ConfigError as e:
         raise GridError(f"{grid.path}: evaluate: {e}") from None
-    return eval_settings(cfg, cfg.data_dir or corpus_dir(tcfg.data_dir, tcfg.dataset))
+    return resolved_key_window(eval_settings(cfg, cfg.data_dir or corpus_dir(tcfg.data_dir, tcfg.dataset)), window)
 
 
-def evaluation_with(out_dir, settings):
-    """out_dir's eval.json when it records these settings (None: any); else None: missing, unreadable, or
-    written by another evaluate command (evaluate.py --overwrite)."""
+def resolved_key_window(settings, window):
+    """Settings with key_window 0 ("each model's own window") as the window it labels by: an evaluation of a
+    window-32 run at key_window 0 is the one the grid asks for at key_window 32."""
+    return {**settings, "key_window": settings["key_window"] or window}
+
+
+def evaluation_with(out_dir, settings, window):
+    """out_dir's eval.json when it records these settings (None: any; key_window resolved with the run's window);
+    else None: missing, unreadable, or written by another evaluate command (evaluate.py --overwrite)."""
     from nanoaha.evaluation import recorded_settings  # evaluate.py's settings (as grid_eval_settings)
     result = read_evaluation(out_dir)
-    if not isinstance(result, dict) or (settings is not None and recorded_settings(result) != settings):
+    if not isinstance(result, dict):
+        return None
+    recorded = recorded_settings(result)
+    if settings is not None and (recorded is None or resolved_key_window(recorded, window) != settings):
         return None
     return result
 
 
 def grid_evaluation(job):
     """The run's eval.json when it is the evaluation the grid asks for (its recorded settings are the grid's)."""
-    return evaluation_with(job.out_dir, job.eval_settings)
+    return evaluation_with(job.out_dir, job.eval_settings, job.mcfg.window)
 
 
 def launches(out_dir):

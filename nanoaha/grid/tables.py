@@ -465,7 +465,10 @@ def headline_table(rows, runs, reference):
              f"{reference} | copy head | attention FLOPs ideal / in training | KV cache | training tokens/s |",
              "|" + "---|" * 11]
     for run, what in runs.items():
-        row = by_name[run]
+        row = by_name.get(run)
+        if row is None:
+            lines.append(f"| {run} | {what} | 0 (not in this record) |" + " - |" * 8)
+            continue
         done = [r for r in row.results if r["complete"]]
         cells = []
         for metric in ("val_loss", "key_loss"):

@@ -225,3 +225,14 @@ def test_a_corpus_inside_the_project_is_recorded_relative_so_a_record_matches_in
     assert recorded_settings({"settings": elsewhere}) == settings
     outside = {**settings, "data_dir": "/srv/corpora/prose"}  # not in a data/ folder: stays what it was
     assert recorded_settings({"settings": outside})["data_dir"] == "/srv/corpora/prose"
+
+
+def test_an_evaluation_at_each_models_own_window_is_the_grids_at_that_window_and_no_other(tmp_path):
+    """A grid that fixes key_window (one label set for a window ladder) still reads the evaluations its runs at
+    that window got with key_window 0 ("each model's own"); a run at another window is evaluated again."""
+    from nanoaha.grid.plan import evaluation_with, resolved_key_window
+    wanted = resolved_key_window(eval_settings(EvalConfig(key_window=32), str(tmp_path / "corpus")), 32)
+    own_window = {"val_loss": 1.0, "settings": eval_settings(EvalConfig(), str(tmp_path / "corpus"))}
+    write_json(str(tmp_path / "eval.json"), own_window)
+    assert evaluation_with(str(tmp_path), wanted, window=32)["val_loss"] == 1.0
+    assert evaluation_with(str(tmp_path), wanted, window=128) is None  # its key tokens lie beyond 128
