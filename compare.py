@@ -50,6 +50,7 @@ class CompareConfig:
     summary: str = ""             # NAME: the records named on the command line side by side, in RECORD_DIR/<date>_NAME
     from_record: str = ""         # a record of this grid: its kept runs fill the run folders that do not exist
     headline: str = ""            # a record of this grid: print its headline table (the grid file's headline rows)
+    redraw: str = ""              # a record: draw its plots again from its rows.json and its copy of the grid file
 
 
 def log_tail(path, n=3):
@@ -117,7 +118,7 @@ def val_curves(jobs, rows, history="val_history"):
         result = row.results[0]
         if history == "copy_history":
             result = next((r for r in row.results if r.get(history)), result)
-            label += f" (seed {result['seed']})"
+        label += f", seed {result['seed']}"
         points = result.get(history) or []  # records before key tokens have no key_history
         curves.append((label, [[entry[0] + offset, entry[1]] for entry in points]))
     return curves
@@ -168,14 +169,9 @@ def headline_lines(grid, rows):
             headline_table(rows, grid.headline["runs"], grid.headline["reference"]), ""]
 
 
-def write_record(grid, jobs, rows, table, cfg, argv, started, elapsed, taken=None):
-    """RECORD_DIR/<date>_<grid>/ with README.md, table.md, the grid file and the plots; returns its path."""
-    record = new_record_dir(cfg.record_dir, grid.name)
-    with open(os.path.join(record, "table.md"), "w") as f:
-        f.write(table)
-    save_rows(os.path.join(record, "rows.json"), grid, rows)
-    keep_runs(record, jobs, {(row.run, result["seed"]) for row in rows for result in row.results if result["complete"]})
-    shutil.copyfile(grid.path, os.path.join(record, os.path.basename(grid.path)))
+def draw_plots(record, grid, jobs, rows):
+    """The record's plots, from its rows and the grid's plan (no run folder needed); returns the README lines of
+    the comparisons along training and the heatmaps' file names."""
     plots.pareto(os.path.join(record, "pareto.png"), rows, grid.references)
     if has_key_losses(rows):
         plots.pareto(os.path.join(record, "pareto_key_tokens.png"), rows, grid.references, metric="key_loss")
@@ -198,6 +194,18 @@ def write_record(grid, jobs, rows, table, cfg, argv, started, elapsed, taken=Non
             name = f"heatmap_{row.run}.png"
             plots.heatmap(os.path.join(record, name), f"{row.run} seed {first['seed']}", first["per_head"], row.layers)
             heatmaps.append(name)
+    return along, heatmaps
+
+
+def write_record(grid, jobs, rows, table, cfg, argv, started, elapsed, taken=None):
+    """RECORD_DIR/<date>_<grid>/ with README.md, table.md, the grid file and the plots; returns its path."""
+    record = new_record_dir(cfg.record_dir, grid.name)
+    with open(os.path.join(record, "table.md"), "w") as f:
+        f.write(table)
+    save_rows(os.path.join(record, "rows.json"), grid, rows)
+    keep_runs(record, jobs, {(row.run, result["seed"]) for row in rows for result in row.results if result["complete"]})
+    shutil.copyfile(grid.path, os.path.join(record, os.path.basename(grid.path)))
+    along, heatmaps = draw_plots(record, grid, jobs, rows)
     command = shlex.join(["python", "compare.py", *argv])
     lines = [f"# Grid {grid.name}", "", f"Date: {time.strftime('%Y-%m-%d')}. Written by compare.py.", "",
              "## Question", "", grid.doc or "(the grid file has no docstring)", "",
@@ -316,6 +324,15 @@ def main(argv):
             sys.exit(f"error: {e}")
         print(table)
         print(f"summary: {record}")
+        return 0
+    if cfg.redraw:
+        try:
+            name, _, rows, _ = load_rows(cfg.redraw)
+            grid = load_grid(os.path.join(cfg.redraw, f"{name}.py"))
+            draw_plots(cfg.redraw, grid, plan(grid, cfg.out), rows)
+        except GridError as e:
+            sys.exit(f"grid error: {e}")
+        print(f"plots drawn again in {cfg.redraw}")
         return 0
     if len(paths) != 1:
         sys.exit("name one grid file: python compare.py configs/grids/NAME.py [--jobs=2] [--dry_run]")

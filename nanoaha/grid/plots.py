@@ -6,6 +6,7 @@ import math
 
 import matplotlib
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator, PercentFormatter
 
 from nanoaha.formatting import percent
@@ -15,8 +16,10 @@ FIGSIZE, WIDE, DPI = (6.4, 4.2), (8.4, 4.6), 100  # WIDE: room for a legend of u
 MARKERS = {"fixed": "s", "random": "^", "routed": "o"}
 
 
-# tab20 first (what a grid of up to 20 runs gets), then tab20b: the live grid has more than 20 rows
-_PALETTE = matplotlib.colormaps["tab20"].colors + matplotlib.colormaps["tab20b"].colors
+# tab20's ten hues first (tab10: the first ten runs differ in hue), then their light shades, then tab20b: the
+# live grid has more than 20 rows
+_TAB20 = matplotlib.colormaps["tab20"].colors
+_PALETTE = _TAB20[0::2] + _TAB20[1::2] + matplotlib.colormaps["tab20b"].colors
 
 
 def _color(i):
@@ -35,9 +38,10 @@ def _axes(figsize=FIGSIZE):
 
 
 def _save(fig, path):
-    """Lay out and write the figure; returns it (tests read what was drawn from it)."""
+    """Lay out and write the figure, grown to hold what lies outside the axes (a legend beside them); returns it
+    (tests read what was drawn from it)."""
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
+    fig.savefig(path, dpi=DPI, bbox_inches="tight")
     return fig
 
 
@@ -212,23 +216,30 @@ def _log_steps(ax, steps):
 def comparison_curves(path, panels):
     """Same-seed loss differences along training, one panel per loss (all tokens, key tokens): panels is
     [(title, [(label, {seed: [[step, difference], ...]}), ...]), ...]; a colour per comparison, a line style per
-    seed, and the zero line (below it the first run of the pair is better)."""
+    seed (one legend for each), and the zero line (below it the first run of the pair is better)."""
     fig = Figure(figsize=(4.6 * len(panels) + 2.4, 4.2))
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
-    styles = ["-", "--", ":", "-."]
+    styles = ["-", "--", ":", "-.", (0, (5, 1, 1, 1))]
+    seed_styles = {}
+    labels = list(dict.fromkeys(label for _, curves in panels for label, _ in curves))  # one colour per comparison
     for ax, (title, curves) in zip(axes, panels):
-        for i, (label, by_seed) in enumerate(curves):
-            for j, (seed, points) in enumerate(sorted(by_seed.items())):
+        for label, by_seed in curves:
+            i = labels.index(label)
+            for seed, points in sorted(by_seed.items()):
+                style = styles[seed_styles.setdefault(seed, len(seed_styles)) % len(styles)]
                 steps, diffs = zip(*points)
-                ax.plot(steps, diffs, lw=1, color=_color(i), ls=styles[j % len(styles)],
-                        label=f"{label}, seed {seed}")
+                ax.plot(steps, diffs, lw=1, color=_color(i), ls=style)
         ax.axhline(0.0, color="black", lw=0.8)
         _log_steps(ax, [step for _, by_seed in curves for points in by_seed.values() for step, _ in points])
         ax.set_xlabel("step")
         ax.set_ylabel("loss difference, same seed")
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3)
-    _legend_beside(axes[-1])
+    comparisons = [Line2D([], [], color=_color(i), lw=1.5, label=label) for i, label in enumerate(labels)]
+    seeds = [Line2D([], [], color="black", lw=1, ls=styles[k % len(styles)], label=f"seed {seed}")
+             for seed, k in sorted(seed_styles.items())]
+    axes[-1].legend(handles=comparisons + seeds, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                    borderaxespad=0)
     return _save(fig, path)
 
 

@@ -327,16 +327,18 @@ def test_val_curves_of_a_fine_tuned_run_start_after_the_run_it_starts_from():
                tcfg=NS(init_from="out/g/dense_half__seed_1/ckpt.pt", max_iters=50))]
     rows = [Row("dense_half", "fixed", "G", [1], [result(1, 2.5, val_history=[[0, 5.0], [50, 2.5]])]),
             Row("finetuned", "routed", "R", [1], [result(1, 2.2, val_history=[[0, 2.5], [25, 2.3], [50, 2.2]])])]
-    assert compare.val_curves(jobs, rows) == [("dense_half", [[0, 5.0], [50, 2.5]]),
-                                              ("finetuned (after dense_half)", [[50, 2.5], [75, 2.3], [100, 2.2]])]
+    assert compare.val_curves(jobs, rows) == [("dense_half, seed 1", [[0, 5.0], [50, 2.5]]),
+                                              ("finetuned (after dense_half), seed 1",
+                                               [[50, 2.5], [75, 2.3], [100, 2.2]])]
     # key-token curves: [step, key loss, other loss] entries, the same offset; rows without any draw nothing
     rows[1].results[0]["key_history"] = [[0, None, 2.5], [25, 2.0, 2.4]]
-    assert compare.val_curves(jobs, rows, "key_history") == [("dense_half", []),
-                                                             ("finetuned (after dense_half)", [[50, None], [75, 2.0]])]
+    assert compare.val_curves(jobs, rows, "key_history") == [("dense_half, seed 1", []),
+                                                             ("finetuned (after dense_half), seed 1",
+                                                              [[50, None], [75, 2.0]])]
     # copy gain: from the first seed that has it (seed 1 trained before the probe), named
     rows[1].results.append(result(2, 2.1, copy_history=[[0, 0.0, [0.0]], [50, 0.3, [0.1]]]))
-    assert compare.val_curves(jobs, rows, "copy_history") == [("dense_half (seed 1)", []),
-                                                              ("finetuned (after dense_half) (seed 2)",
+    assert compare.val_curves(jobs, rows, "copy_history") == [("dense_half, seed 1", []),
+                                                              ("finetuned (after dense_half), seed 2",
                                                                [[50, 0.0], [100, 0.3]])]
 
 
@@ -540,6 +542,12 @@ def test_comparisons_along_training_find_where_a_run_stays_ahead_at_every_seed(t
     (ax,) = fig.axes
     assert len(ax.lines) == 3 and list(ax.lines[1].get_xdata()) == [100, 200, 300, 400]  # 2 seeds + the zero line
     assert (tmp_path / "c.png").stat().st_size > 1000
+    # one legend entry per comparison and per seed (not per pair of them), inside the saved image
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["dense - local", "seed 1", "seed 2"]
+    import matplotlib.image
+    width = matplotlib.image.imread(tmp_path / "c.png").shape[1]
+    legend_right = ax.get_legend().get_window_extent().x1 - fig.get_tightbbox().x0 * fig.dpi
+    assert width >= legend_right > fig.get_figwidth() * fig.dpi * 0.9  # the legend beside the axes, not cut off
     # evaluations over more than a decade: a log step axis labelled at 1-2-5 steps in plain numbers
     wide = {1: [[s, -0.01] for s in (250, 500, 1000, 2000, 4000, 7325)]}
     (ax,) = plots.comparison_curves(tmp_path / "w.png", [("all tokens", [("dense - local", wide)])]).axes
@@ -642,3 +650,17 @@ def test_a_grids_headline_names_runs_it_has(tmp_path):
     path = write_grid(tmp_path / "g.py", {"a": {"schedule": "L"}}, {}, extra="headline = {'runs': ['a']}\n")
     with pytest.raises(GridError, match="headline must be"):
         load_grid(path)
+
+
+def test_a_records_plots_are_drawn_again_from_its_rows_and_grid_file(tmp_path, capsys):
+    import shutil
+
+    import compare
+    record = tmp_path / "2026-12-05_stdlib_live_4"
+    shutil.copytree(os.path.join(ROOT, "results", "2026-12-05_stdlib_live_4"), record,
+                    ignore=shutil.ignore_patterns("*.png", "runs"))
+    assert compare.main([f"--redraw={record}", f"--out={tmp_path / 'out'}"]) == 0
+    drawn = sorted(p.name for p in record.glob("*.png"))
+    assert {"pareto.png", "val_curves.png", "copy_curves.png", "comparison_curves.png",
+            "heatmap_routed_at_LG.png"} <= set(drawn)
+    assert not (tmp_path / "out").exists()  # planned, nothing trained
