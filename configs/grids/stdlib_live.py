@@ -49,6 +49,11 @@ runs = {
                                 "seeds": [2]},
     # random routing at routed's per-layer rates (from routed's evaluation at the same seed)
     "random_matched": {"schedule": "R", "routing": "random", "random_global_q": "matched:routed", "seeds": [2, 3]},
+    # ... and at each head's rate: does learned routing pay by which heads, or by which tokens, go global?
+    "random_matched_heads": {"schedule": "R", "routing": "random", "random_global_q": "matched_heads:routed",
+                             "seeds": [2, 3]},
+    "random_matched_heads_at_LG": {"schedule": "R", "routing": "random",
+                                   "random_global_q": "matched_heads:routed_at_LG", "seeds": [2, 3]},
     # fine-tuning at equal total tokens: half the steps dense, then half routed (all weights, or the routers only)
     "dense_half": {"schedule": "G", "max_iters": _half},
     "dense_then_routed": {"schedule": "R", "init_from": "run:dense_half", "max_iters": _half},
@@ -62,6 +67,8 @@ comparisons = {
     "learned routing vs dense": ("routed", "dense"),
     "at LG's attention cost: learned vs LG": ("routed_at_LG", "LG"),
     "learned vs random routing, same per-layer rates": ("routed", "random_matched"),
+    "learned vs random routing, same per-head rates": ("routed", "random_matched_heads"),
+    "at LG's cost, learned vs random routing, same per-head rates": ("routed_at_LG", "random_matched_heads_at_LG"),
     "fine-tuned vs from scratch, equal tokens": ("dense_then_routed", "routed"),
     "only the routers trained vs their dense start": ("dense_then_routers", "dense_half"),
     "local first layer: LG vs GL": ("LG", "GL"),

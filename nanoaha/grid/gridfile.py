@@ -17,7 +17,7 @@ the grid answers:
     headline = {"reference": "dense", "runs": {"routed": "learned routing"}}  # optional: the record's first table
 
 "run:NAME" (init_from) is the checkpoint of run NAME with the same seed; "matched:NAME" (random_global_q) the
-per-layer global fractions of NAME's evaluation, same seed. Either makes NAME run first. A run's "seeds" key
+per-layer global fractions of NAME's evaluation, same seed, "matched_heads:NAME" its per-head ones. Either makes NAME run first. A run's "seeds" key
 replaces the grid's seeds for that run. Run NAME at seed S trains in OUT/GRID/NAME__seed_S. Each of
 "comparisons" becomes a line of the record's comparisons table: the first run's val loss minus the other's at
 the same seed (the pairs the grid's conclusions rest on). "headline" names the core rows (run -> what it is) of
@@ -35,7 +35,8 @@ import os
 GRID_KEYS = {"base", "common", "seeds", "runs", "references", "evaluate", "comparisons", "headline"}
 RUNNER_KEYS = {"out_dir", "seed"}  # the runner sets these for each run
 RUNNER_EVAL_KEYS = {"out_dir", "overwrite"}  # the runner's evaluation writes the run's eval.json, replacing it
-SPECIAL = {"run:": "init_from", "matched:": "random_global_q"}  # prefix -> the one key it may be given to
+SPECIAL = {"run:": "init_from", "matched:": "random_global_q",
+           "matched_heads:": "random_global_q"}  # prefix -> the one key it may be given to
 GRID_WIDE_KEYS = {"dtype"}  # the same for every run (rows in another precision are not comparable): common only
 
 

@@ -73,7 +73,7 @@ def placeholder(value, out_root, grid, seed):
     """What a special value stands for while planning: a checkpoint path for "run:", a rate for "matched:"."""
     if isinstance(value, str) and value.startswith("run:"):
         return os.path.join(run_dir(out_root, grid, value[4:], seed), "ckpt.pt")
-    if isinstance(value, str) and value.startswith("matched:"):
+    if isinstance(value, str) and value.startswith(MATCHED):
         return 0.0
     return value
 
@@ -116,10 +116,14 @@ def plan(grid, out_root):
     return jobs
 
 
+MATCHED = ("matched:", "matched_heads:")  # random routing at NAME's rates: per layer, or per head
+
+
 def matched_run(job):
-    """NAME of a job's "matched:NAME" value, else None."""
+    """NAME of a job's "matched:NAME" (or "matched_heads:NAME") value, else None."""
     value = job.overrides.get("random_global_q")
-    return value[len("matched:"):] if isinstance(value, str) and value.startswith("matched:") else None
+    prefix = next((p for p in MATCHED if isinstance(value, str) and value.startswith(p)), None)
+    return value[len(prefix):] if prefix else None
 
 
 def read_json(path):
@@ -142,13 +146,16 @@ def read_evaluation(out_dir):
 
 def matched_rates(job, out_root, grid):
     """random_global_q for a "matched:NAME" run: NAME's per-layer global fractions (same seed), 0 for layers
-    that are not routed (a random rate is used by routed layers only). None until NAME's evaluation exists."""
+    that are not routed (a random rate is used by routed layers only); for "matched_heads:NAME" each routed
+    layer's per-head fractions (which heads, not only how many decisions). None until NAME's evaluation exists."""
     if matched_run(job) is None:
         return None
     result = evaluation_with(run_dir(out_root, grid, matched_run(job), job.seed), job.matched_settings,
                              job.matched_window)
     if result is None:
         return None  # not evaluated yet, or not by the grid (another evaluate.py wrote over it): not its rates
+    if str(job.overrides.get("random_global_q")).startswith("matched_heads:"):
+        return [0.0 if q is None else [round(h, 6) for h in q] for q in result["global_frac_per_head"]]
     return [0.0 if q is None else round(q, 6) for q in result["global_frac_per_layer"]]
 
 
@@ -278,9 +285,12 @@ def check_matched_rates(job, trained_argv, planned_argv):
     def rates(argv):
         value = next((a.partition("=")[2] for a in argv if a.startswith("--random_global_q=")), None)
         return None if value is None else ast.literal_eval(value)
+    def flat(rates):  # a layer's rate, or its heads' rates
+        return [x for q in rates for x in (q if isinstance(q, list) else [q])]
     trained, now = rates(trained_argv), rates(planned_argv)
     if trained is not None and now is not None and (
-            len(trained) != len(now) or max(abs(a - b) for a, b in zip(trained, now)) > MATCHED_RATE_TOLERANCE):
+            len(flat(trained)) != len(flat(now)) or
+            max(abs(a - b) for a, b in zip(flat(trained), flat(now))) > MATCHED_RATE_TOLERANCE):
         raise GridError(f"{job.out_dir} trained at per-layer rates {trained}, but {matched_run(job)} seed "
                         f"{job.seed}'s evaluation now gives {now}: delete that folder to retrain it at the new rates "
                         f"(a layer moved more than {MATCHED_RATE_TOLERANCE})")
@@ -304,8 +314,9 @@ def describe(job, grid, out_root):
     """The dry run's line for a job: what happens to it and the command."""
     state = train_state(job, grid, out_root)
     after = f" (after {', '.join(f'{r} seed {s}' for r, s in job.deps)})" if job.deps else ""
+    per = "head" if str(job.overrides.get("random_global_q")).startswith("matched_heads:") else "layer"
     argv = train_argv(job, grid, out_root, resume=state == "resume",
-                      unresolved=f"<per-layer global fractions of {matched_run(job)} seed {job.seed}, once evaluated>")
+                      unresolved=f"<per-{per} global fractions of {matched_run(job)} seed {job.seed}, once evaluated>")
     if state == "skip" and not os.path.isfile(os.path.join(job.out_dir, "ckpt.pt")):
         what = "complete (kept by a record, no checkpoint), skipped"
     elif state == "skip":

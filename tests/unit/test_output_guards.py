@@ -236,3 +236,24 @@ def test_an_evaluation_at_each_models_own_window_is_the_grids_at_that_window_and
     write_json(str(tmp_path / "eval.json"), own_window)
     assert evaluation_with(str(tmp_path), wanted, window=32)["val_loss"] == 1.0
     assert evaluation_with(str(tmp_path), wanted, window=128) is None  # its key tokens lie beyond 128
+
+
+def test_random_routing_matched_per_head_takes_each_heads_rate(tmp_path):
+    """matched_heads:NAME: the heads' own global fractions, so random routing differs from learned routing only
+    in which tokens go global, not which heads; a rate that moved since it trained is refused."""
+    from nanoaha.grid.plan import check_matched_rates
+    path = write_grid(tmp_path / "g.py", {"random": {"schedule": "RL", "routing": "random", "n_head": 2,
+                                                     "random_global_q": "matched_heads:routed"},
+                                          "routed": {"schedule": "RL", "n_head": 2}},
+                      extra="evaluate = {'eval_tokens': 512}\n")
+    grid, out = load_grid(path), str(tmp_path / "out")
+    routed, random = plan(grid, out)
+    os.makedirs(routed.out_dir)
+    write_json(os.path.join(routed.out_dir, "eval.json"), {"global_frac_per_layer": [0.5, None],
+                                                          "global_frac_per_head": [[1.0, 0.0], None],
+                                                          "settings": routed.eval_settings})
+    argv = train_argv(random, grid, out)
+    assert "--random_global_q=[[1.0, 0.0], 0.0]" in argv
+    moved = [a.replace("[[1.0, 0.0], 0.0]", "[[0.9, 0.1], 0.0]") for a in argv]
+    with pytest.raises(GridError, match="trained at per-layer rates"):
+        check_matched_rates(random, moved, argv)
