@@ -31,8 +31,8 @@ from nanoaha.device import DTYPES, autocast_context, dtype_label, dtype_name, pe
 from nanoaha.evaluation import evaluate_losses, label_key_tokens
 from nanoaha.formatting import fixed
 from nanoaha.gpt2_weights import gpt2_state_dict, is_pretrained
-from nanoaha.routing_stats import (format_routing, mean_stats, routing_stats, routing_summary,
-                                   training_flops_per_token, warn_collapse)
+from nanoaha.routing_stats import (decision_stability, format_routing, mean_stats, routing_stats, routing_summary,
+                                   stability_scalars, training_flops_per_token, warn_collapse)
 from nanoaha.tensorboard_log import Logger, run_hparams
 from nanoaha.train_config import TrainConfig, check_config, corpus_dir
 from nanoaha.training import (LambdaController, StopSignals, TrainingStopped, check_same_data, compile_model,
@@ -72,6 +72,13 @@ class Run:
     key_history: list = field(default_factory=list)  # [step, key-token loss, other tokens' loss] of every evaluation
     head_history: list = field(default_factory=list)  # [step, per layer and head global fraction] of every evaluation
     copy_history: list = field(default_factory=list)  # [step, copy gain, per layer strongest induction score]
+    # [step, flicker, margin, near, per-head flips per step] of every evaluation (routing_stats.decision_stability;
+    # flips: the share of steps since the last evaluation whose per-head decision differed from the step before)
+    decision_history: list = field(default_factory=list)
+    val_gates: list = None                             # the last evaluation's decisions on the val tokens
+    head_decisions: torch.Tensor = None                # per-head routers' decisions after the last step
+    head_flips: torch.Tensor = None                    # ... and how often each changed since the last evaluation
+    flip_steps: int = 0
     last_eval: dict = field(default_factory=dict)    # val, key and other loss and routing of the latest evaluation
     losses: list = field(default_factory=list)       # every step's training loss (this rank's last micro-step)
     saved_step: int | None = None                    # the step of the latest checkpoint this run wrote ...
@@ -180,7 +187,8 @@ def resume(run):
     if ckpt["scaler"] is not None:
         run.scaler.load_state_dict(ckpt["scaler"])
     run.iter_num, run.best_val, run.val_history = ckpt["iter_num"], ckpt["best_val_loss"], ckpt["val_history"]
-    run.key_history, run.head_history, run.copy_history = ckpt["key_history"], ckpt["head_history"], ckpt["copy_history"]
+    run.key_history, run.head_history = ckpt["key_history"], ckpt["head_history"]
+    run.copy_history, run.decision_history = ckpt["copy_history"], ckpt["decision_history"]
     run.wall_before = ckpt["train_wall_s"]  # None: unknown (an old checkpoint kept no wall time)
     # what the folder holds, for the divergence message: the resumed checkpoint, the best of the earlier steps
     run.saved_step = run.iter_num if resumed_from == run.ckpt_path else None
@@ -313,7 +321,7 @@ def run_summary(run, final):
             "model_ideal_flop_frac": routing["attention_flop_frac_ideal"],
             "model_computed_flop_frac": routing["attention_flop_frac_computed"],
             "global_frac_per_layer": routing["global_frac_per_layer"], "val_history": run.val_history,
-            "key_history": run.key_history, "copy_history": run.copy_history,
+            "key_history": run.key_history, "copy_history": run.copy_history, "decision_history": run.decision_history,
             "router_lambdas": run.controller.lam.tolist() if run.controller is not None else None,
             "nonfinite_steps": run.nonfinite_total}
 
@@ -360,6 +368,33 @@ def update_controller(run, out, force_global):
     run.controller.update(fracs.cpu())
 
 
+def per_head_routers(run):
+    """The layers whose routers decide per head (router_per_token=False), in order."""
+    return [i for i, block in enumerate(run.raw_model.blocks)
+            if block.attn.router is not None and block.attn.router.bias is not None]
+
+
+def per_layer_flips(run, flips):
+    """count_head_flips' rows (one per per-head router) as a list over every layer, None where it has none."""
+    rows = dict(zip(per_head_routers(run), flips))
+    return [rows.get(i) for i in range(len(run.raw_model.blocks))]
+
+
+def count_head_flips(run):
+    """Per-head routers (router_per_token=False) decide from their bias alone: count, per head, the steps whose
+    decision differs from the step before's (the decisions' flicker step by step; decision_stability measures
+    every router's on the val tokens at each evaluation)."""
+    biases = [run.raw_model.blocks[i].attn.router.bias for i in per_head_routers(run)]
+    if not biases:
+        return
+    decisions = torch.sigmoid(torch.stack([b.detach().float() for b in biases])).cpu() >= run.mcfg.router_threshold
+    if run.head_decisions is not None:
+        flips = (decisions != run.head_decisions).float()
+        run.head_flips = flips if run.head_flips is None else run.head_flips + flips
+        run.flip_steps += 1
+    run.head_decisions = decisions
+
+
 def train_step(run, signals):
     """One guarded optimizer step at run.iter_num: forward and backward over the micro-steps; then, agreed by
     every rank, a non-finite loss or gradient skips the step (skip_step) and a taken step moves the lambda
@@ -392,6 +427,7 @@ def train_step(run, signals):
         run.scaler.update()
         run.optimizer.zero_grad(set_to_none=True)
         update_controller(run, out, force_global)
+        count_head_flips(run)
     run.losses.append(loss[0])
     run.train_time, run.steps_timed = run.train_time + time.time() - step_start, run.steps_timed + 1
     return Step(out, loss, lr, lam, force_global, held_local, stop)
@@ -415,6 +451,7 @@ def checkpoint_state(run):
             "model_config": asdict(run.mcfg), "train_config": asdict(run.tcfg), "dtype": dtype_name(run.dtype),
             "iter_num": run.iter_num, "best_val_loss": run.best_val, "val_history": run.val_history,
             "key_history": run.key_history, "head_history": run.head_history, "copy_history": run.copy_history,
+            "decision_history": run.decision_history,
             "train_wall_s": train_wall(run),
             "router_lambda_state": run.controller.u if run.controller is not None else None,
             "data_meta": run.data.meta,
@@ -459,14 +496,22 @@ def evaluate_and_save(run, final=False):
     # routed_mode, also during sparse_from_iter's exact steps
     # while router_local_iters holds the routers local, the model that trains is the all-local one
     held = Routing(force="local") if routers_held_local(it, tcfg) else None
-    losses, stats = evaluate_losses(run.raw_model, run.val_batches, run.autocast, held, run.val_key_labels)
+    decisions = []
+    losses, stats = evaluate_losses(run.raw_model, run.val_batches, run.autocast, held, run.val_key_labels,
+                                    decisions=decisions)
+    stability = decision_stability(run.val_gates, decisions, mcfg.router_threshold)
+    run.val_gates = stability.pop("gates")
+    flips = None if run.head_flips is None else per_layer_flips(run, (run.head_flips / max(1, run.flip_steps)).tolist())
+    run.head_flips, run.flip_steps = None, 0
     val_loss = losses["val_loss"]
     finite = math.isfinite(val_loss)
     is_best = finite and val_loss < run.best_val
     run.best_val = min(run.best_val, val_loss) if finite else run.best_val
     for history, entry in ((run.val_history, [it, val_loss]),
                            (run.key_history, [it, losses["key_loss"], losses["other_loss"]]),
-                           (run.head_history, [it, stats["global_frac"].tolist()])):
+                           (run.head_history, [it, stats["global_frac"].tolist()]),
+                           (run.decision_history, [it, stability["flicker"], stability["margin"], stability["near"],
+                                                   flips])):
         record_at(history, entry)
     run.last_eval = {**losses, "routing": stats}
     copy = ""
@@ -481,6 +526,7 @@ def evaluate_and_save(run, final=False):
                    f"{fixed(losses['other_loss'])}){copy} | {format_routing(stats)}")
         if finite:
             warn_collapse(stats, mcfg.kinds, tcfg.collapse_frac, it)
+            run.logger.scalars(it, stability_scalars(stability, flips))
             run.logger.evaluation(it, losses, stats, run.raw_model, run.val_batches[0][0].to(run.device),
                                   run.data.meta, run.autocast, head_history=run.head_history)
         else:

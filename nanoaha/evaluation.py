@@ -184,7 +184,7 @@ def ratio_or_nan(total, count):
 
 @torch.no_grad()
 def evaluate_losses(model, batches, autocast=None, routing=None, key_labels=None, key_counts=None,
-                    progress=None):
+                    progress=None, decisions=None):
     """The losses over the scored targets of the batches and their mean routing_stats, as ({'val_loss',
     'key_loss', 'other_loss', 'key_frac'}, stats). key_labels: a (B, T) bool per batch (label_key_tokens()); the
     loss over the key targets and over the others comes from the same forward passes as val_loss (nan for
@@ -194,7 +194,8 @@ def evaluate_losses(model, batches, autocast=None, routing=None, key_labels=None
     in, 'model_inference_flop_frac' what this evaluation computed. routing: a model.Routing for this evaluation
     (None: the model as trained; a threshold sweep, routers forced local or global). key_counts: a dict that gets,
     per (layer, head or 'any'), the routed gates' label_counts against the key labels (key_routing reads it).
-    progress: called after each batch (a progress bar's update)."""
+    progress: called after each batch (a progress bar's update). decisions: a list that gets each batch's
+    (gates, probs) (routing_stats.decision_stability reads it)."""
     device, training = next(model.parameters()).device, model.training
     model.eval()
     loss_sum, scored, key_sum, n_key, other_sum, stats = 0.0, 0, 0.0, 0, 0.0, []
@@ -214,6 +215,8 @@ def evaluate_losses(model, batches, autocast=None, routing=None, key_labels=None
                     count_gates(key_counts, out.gates, torch.where(y.cpu() == -1, UNKNOWN_LABEL,
                                                                    key_labels[i].long()))
             stats.append(routing_stats(out, model.config, mode=trained_mode(model.config)))
+            if decisions is not None:
+                decisions.append((out.gates, out.probs))
             if progress:
                 progress()
     model.train(training)

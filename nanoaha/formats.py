@@ -26,6 +26,12 @@ def checkpoint_0(ckpt):
     return ckpt
 
 
+def checkpoint_1(ckpt):
+    """decision_history (2026-12-06): the decisions' stability at each evaluation; none before."""
+    ckpt.setdefault("decision_history", [])
+    return ckpt
+
+
 def evaluation_0(result):
     """key_window (2026-12-04) was evaluated at its default, 0; data_dir was recorded absolute (a corpus in some
     checkout's data/ folder reads as that path relative to this one's root, so a record matches elsewhere)."""
@@ -46,14 +52,20 @@ def train_summary_0(summary):
     return summary
 
 
+def train_summary_1(summary):
+    """decision_history (2026-12-06), as in checkpoints."""
+    summary.setdefault("decision_history", [])
+    return summary
+
+
 def rows_0(saved):
     """Records written before grids had comparisons (2026-12-02's stdlib_bytes and stdlib_bpe) have none."""
     saved.setdefault("comparisons", {})
     return saved
 
 
-MIGRATIONS = {"checkpoint": [checkpoint_0], "evaluation": [evaluation_0], "train_summary": [train_summary_0],
-              "rows": [rows_0]}
+MIGRATIONS = {"checkpoint": [checkpoint_0, checkpoint_1], "evaluation": [evaluation_0],
+              "train_summary": [train_summary_0, train_summary_1], "rows": [rows_0]}
 
 
 def current(kind):

@@ -81,6 +81,46 @@ def routing_stats(output, config, mode=None):
     }
 
 
+NEAR_THRESHOLD = 0.05  # a decision whose p lies this close to the threshold flips with a small update
+
+
+def decision_stability(previous, decisions, threshold):
+    """How settled the routed decisions are, on the fixed val tokens of one evaluation. decisions: per batch,
+    (gates, probs) as the model returned them (per layer a (B, H, T) tensor or None); previous: the last
+    evaluation's `gates` (below), or None. Returns per routed layer and head (None for other layers):
+    'flicker', the share of the decisions that differ from the previous evaluation's on the same tokens (None at
+    the first); 'margin', the mean distance of p from the threshold; 'near', the share of decisions with p within
+    NEAR_THRESHOLD of it (margin and near None without learned routers); and 'gates', this evaluation's decisions
+    (per layer, all batches), for the next call."""
+    layers = len(decisions[0][0])
+    def joined(part, i):  # layer i's (N, H, T) over the batches, or None
+        first = decisions[0][part][i]
+        return None if first is None else torch.cat([d[part][i].float().cpu() for d in decisions])
+    gates = [None if joined(0, i) is None else joined(0, i) > 0.5 for i in range(layers)]
+    probs = [joined(1, i) for i in range(layers)]
+    def per_head(x):
+        return x.float().mean(dim=(0, 2)).tolist()
+    flicker = [None if g is None or previous is None or previous[i] is None or previous[i].shape != g.shape
+               else per_head(g != previous[i]) for i, g in enumerate(gates)]
+    margin = [None if p is None else per_head((p - threshold).abs()) for p in probs]
+    near = [None if p is None else per_head((p - threshold).abs() < NEAR_THRESHOLD) for p in probs]
+    return {"flicker": flicker, "margin": margin, "near": near, "gates": gates}
+
+
+def stability_scalars(stability, flips=None):
+    """TensorBoard's decision-stability scalars: per routed layer (heads averaged) as val_stability/NAME_layerL,
+    per head as val_stability_heads_layerL/NAME_headH (one section per layer, as the global fractions); flips:
+    per layer (None where it has no per-head router), the per-head routers' step-by-step changes."""
+    values = {}
+    for name, per_layer in (*((n, stability[n]) for n in ("flicker", "margin", "near")), ("step_flips", flips or [])):
+        for layer, heads in enumerate(per_layer):
+            if heads is None:
+                continue
+            values[f"val_stability/{name}_layer{layer}"] = sum(heads) / len(heads)
+            values.update({f"val_stability_heads_layer{layer}/{name}_head{h}": v for h, v in enumerate(heads)})
+    return values
+
+
 def mean_stats(stats_list):
     """Elementwise mean of several routing_stats dicts (of equal-sized batches), on the CPU."""
     return {k: torch.stack([s[k].float().cpu() for s in stats_list]).mean(0) for k in stats_list[0]}

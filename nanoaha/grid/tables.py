@@ -38,6 +38,7 @@ def collect(job, status=None):
         "val_history": summary.get("val_history") or [],
         "key_history": summary.get("key_history") or [],
         "copy_history": summary.get("copy_history") or [],  # train.py's repeat probe
+        "decision_history": summary.get("decision_history") or [],  # how settled the routed decisions were
         "per_layer_routing": per_layer_routing(result),
     }
 

@@ -532,3 +532,20 @@ def test_random_routing_trains_sparse_with_the_gradients_exact_mode_gives(monkey
     for a, b in zip(runs[0][1], runs[1][1]):
         torch.testing.assert_close(a, b)
     assert runs[0][2] < runs[1][2]  # fewer query-key pairs than exact's
+
+
+def test_decision_stability_counts_changed_decisions_and_the_distance_from_the_threshold():
+    from nanoaha.routing_stats import decision_stability, stability_scalars
+    gates = torch.tensor([[[True, False, True, True]], [[False, False, True, True]]])  # (B=2, H=1, T=4)
+    probs = torch.tensor([[[0.9, 0.1, 0.52, 0.6]], [[0.3, 0.2, 0.7, 0.98]]])
+    first = decision_stability(None, [([gates, None], [probs, None])], threshold=0.5)
+    assert first["flicker"] == [None, None]  # nothing to compare with yet; layer 1 is not routed
+    assert first["margin"][0] == pytest.approx([(0.4 + 0.4 + 0.02 + 0.1 + 0.2 + 0.3 + 0.2 + 0.48) / 8])
+    assert first["near"][0] == [1 / 8] and first["margin"][1] is None
+    changed = gates.clone()
+    changed[0, 0, 0] = changed[1, 0, 3] = False  # two of eight decisions flip
+    second = decision_stability(first["gates"], [([changed, None], [probs, None])], threshold=0.5)
+    assert second["flicker"][0] == [0.25]
+    scalars = stability_scalars(second, flips=[[0.1], None])
+    assert scalars["val_stability/flicker_layer0"] == 0.25 and "val_stability/flicker_layer1" not in scalars
+    assert scalars["val_stability_heads_layer0/step_flips_head0"] == 0.1

@@ -221,3 +221,17 @@ def test_a_run_ends_with_a_line_that_says_where_its_checkpoint_is_its_best_val_l
     run.tcfg.save_checkpoint, run.best_val, run.started = False, math.inf, time.time() - 42
     assert train.closing_line(run, 42.0).endswith("in 42 s (10.7 min with the steps it resumed); no finite val "
                                                    "loss; no checkpoint written (save_checkpoint=False)")
+
+
+def test_per_head_routers_flips_are_counted_step_by_step():
+    """A per-head router decides from its bias: each step's decisions against the step before's, per head."""
+    from model import GPT
+    model = GPT(GPTConfig(vocab_size=16, block_size=8, n_layer=1, n_head=2, n_embd=8, window=2, schedule="R",
+                          router_per_token=False))
+    run = SimpleNamespace(raw_model=model, mcfg=model.config, head_decisions=None, head_flips=None, flip_steps=0)
+    bias = model.blocks[0].attn.router.bias
+    for values in ([0.1, -0.1], [-0.1, -0.1], [0.1, -0.1], [0.2, -0.2]):  # head 0 flips twice in three steps
+        with torch.no_grad():
+            bias.copy_(torch.tensor(values))
+        train.count_head_flips(run)
+    assert run.flip_steps == 3 and run.head_flips.tolist() == [[2.0, 0.0]]
