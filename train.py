@@ -395,6 +395,17 @@ def count_head_flips(run):
     run.head_decisions = decisions
 
 
+def hold_token_weights(run):
+    """router_token_from_iter: before it, the routers' token weights (W, and the weights on the local output)
+    get no update, so they stay at zero and every router decides from its bias alone, one decision per head: a
+    per-head schedule first, from which per-token routing starts."""
+    for block in run.raw_model.blocks:
+        router = block.attn.router
+        for weight in () if router is None or router.logits is None else (router.logits.weight, router.local_weight):
+            if weight is not None:
+                weight.grad = None  # AdamW skips a parameter without a gradient: no step, no weight decay
+
+
 def train_step(run, signals):
     """One guarded optimizer step at run.iter_num: forward and backward over the micro-steps; then, agreed by
     every rank, a non-finite loss or gradient skips the step (skip_step) and a taken step moves the lambda
@@ -412,6 +423,8 @@ def train_step(run, signals):
     routing = Routing(mode=routed_mode_at(it, tcfg, run.mcfg),
                       force="local" if held_local else "global" if force_global else None)
     out, loss, loss_ok = forward_backward(run, lam, routing)
+    if it < tcfg.router_token_from_iter:
+        hold_token_weights(run)
     if run.scaler.is_enabled():
         run.scaler.unscale_(run.optimizer)
     params = run.trainable_params

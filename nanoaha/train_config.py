@@ -43,6 +43,8 @@ class TrainConfig:
     router_lambda_max: float = 1.0       # ... within +- this: a lambda that dominates the LM loss would also
                                          # dominate the clipped gradient norm
     router_local_iters: int = 0          # routed decisions all local for this many steps (routers still learn)
+    router_token_from_iter: int = 0      # > 0: per-token routers decide per head (their token weights held at
+                                         # zero) before this step, then per token from the layout they found
     sparse_from_iter: int = 0            # with routed_mode='sparse': exact mode before this step
     p_dense: float = 0.0                 # probability that a step runs every routed head globally
     collapse_frac: float = 0.005         # warn when a routed layer's global fraction falls below this
@@ -109,6 +111,9 @@ def check_config(tcfg, mcfg):
     if tcfg.router_local_iters > 0 and mcfg.router_explore > 0:
         raise ValueError("router_local_iters holds every routed decision local, router_explore sends some global: "
                          "set one of them to 0")
+    if tcfg.router_token_from_iter > 0 and not (learned and mcfg.router_per_token and mcfg.router_init_std == 0):
+        raise ValueError("router_token_from_iter holds per-token routers' weights at zero (a decision per head) at "
+                         "first: it needs learned routers with router_per_token=True and router_init_std=0")
     if not mcfg.router_per_token and "R" not in mcfg.layer_letters:
         raise ValueError(f"router_per_token=False decides per head in routed layers, and schedule={mcfg.schedule!r} "
                          f"has none: drop router_per_token=False, or add R to the schedule")

@@ -41,6 +41,10 @@ runs = {
                               "seeds": _five},
     "routed_per_head_one_head": {"schedule": "R", "router_per_token": False, "router_target_global": 0.125,
                                  "seeds": _five},
+    # routing mechanisms, screened on two seeds at LG's cost: per-head decisions first, per-token from step 2500
+    # (after the copy head forms in the per-head runs, about step 1500-2200)
+    "routed_heads_then_tokens_at_LG": {"schedule": "R", "router_target_global": 0.5,
+                                       "router_token_from_iter": 2500, "seeds": [1, 2]},
     "LR": {"schedule": "LR", "router_lambda": 0.01},
     "LR_per_head": {"schedule": "LR", "router_per_token": False, "router_lambda": 0.01, "seeds": [1, 2]},
     "routed_at_LG_init_local": {"schedule": "R", "router_target_global": 0.5, "router_init_bias": -3.0,
@@ -80,6 +84,8 @@ comparisons = {
     "at LG's cost, routers held local for 1000 steps vs LG": ("routed_at_LG_held_local", "LG"),
     "at LG's cost, per-head vs per-token routers": ("routed_per_head_at_LG", "routed_at_LG"),
     "at LG's cost, per-head routers vs LG": ("routed_per_head_at_LG", "LG"),
+    "at LG's cost, per-head then per-token routers vs LG": ("routed_heads_then_tokens_at_LG", "LG"),
+    "at LG's cost, per-head then per-token vs per-token routers": ("routed_heads_then_tokens_at_LG", "routed_at_LG"),
     "LR: per-head vs per-token routers": ("LR_per_head", "LR"),
     "LR with per-head routers vs one fixed global head": ("LR_per_head", "LR_one_global_head"),
     "at one head's cost, learned per-head routing vs one fixed global head":

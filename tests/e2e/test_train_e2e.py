@@ -236,3 +236,22 @@ def test_fine_tuning_trains_on_the_batches_after_its_checkpoints_not_on_them_aga
     assert first == whole[:4]
     tuned = run("tuned", 4, init_from=str(tmp_path / "first" / "out" / "ckpt.pt"))
     assert tuned == whole[4:] and tuned != first
+
+
+def test_router_token_from_iter_decides_per_head_first_then_per_token(tmp_path, tiny_corpus):
+    """Before router_token_from_iter the token weights stay at zero (one decision per head, from the bias, which
+    learns); from it they learn."""
+    def router_weights(steps, start):
+        out = tmp_path / f"{steps}_{start}"
+        train.train(*tiny_train_configs(out, tiny_corpus, max_iters=steps, eval_interval=steps, schedule="R",
+                                        router_token_from_iter=start))
+        state = checkpoint.load_checkpoint(str(out / "out"), "cpu")["model"]
+        return [(state[f"blocks.{i}.attn.router.logits.weight"], state[f"blocks.{i}.attn.router.logits.bias"])
+                for i in range(2)]
+    held = router_weights(4, 4)
+    assert all(w.abs().max() == 0 for w, _ in held) and any(b.abs().max() > 0 for _, b in held)
+    released = router_weights(4, 2)
+    assert any(w.abs().max() > 0 for w, _ in released)
+    with pytest.raises(ValueError, match="router_token_from_iter holds per-token routers' weights at zero"):
+        train.train(*tiny_train_configs(tmp_path / "bad", tiny_corpus, router_token_from_iter=2,
+                                        router_per_token=False))
