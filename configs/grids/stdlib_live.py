@@ -45,6 +45,17 @@ runs = {
     # (after the copy head forms in the per-head runs, about step 1500-2200)
     "routed_heads_then_tokens_at_LG": {"schedule": "R", "router_target_global": 0.5,
                                        "router_token_from_iter": 2500, "seeds": [1, 2]},
+    # diagnosis: per-head routing at one head's cost settles on the fixed row's layout near step 800 yet grows no
+    # copy head. Its first 800 steps again (the same schedule and batches), then that layout fixed for the other
+    # 4200 steps (random routing at the per-head fractions of its step-800 evaluation, 0 or 1; the learning rate
+    # restarts a cosine from its step-800 value): does the fixed layout started late grow one (then flicker lost
+    # it), or not (then 800 steps of mixed routing did)?
+    "per_head_one_head_first_800": {"schedule": "R", "router_per_token": False, "router_target_global": 0.125,
+                                    "max_iters": 800, "lr_decay_iters": _MAX_ITERS, "seeds": [1, 2]},
+    "fixed_layout_from_800": {"schedule": "R", "routing": "random",
+                              "random_global_q": "matched_heads:per_head_one_head_first_800",
+                              "init_from": "run:per_head_one_head_first_800", "max_iters": _MAX_ITERS - 800,
+                              "warmup_iters": 0, "learning_rate": 9.55e-4, "seeds": [1, 2]},
     "LR": {"schedule": "LR", "router_lambda": 0.01},
     "LR_per_head": {"schedule": "LR", "router_per_token": False, "router_lambda": 0.01, "seeds": [1, 2]},
     "routed_at_LG_init_local": {"schedule": "R", "router_target_global": 0.5, "router_init_bias": -3.0,
@@ -90,6 +101,10 @@ comparisons = {
     "LR with per-head routers vs one fixed global head": ("LR_per_head", "LR_one_global_head"),
     "at one head's cost, learned per-head routing vs one fixed global head":
         ("routed_per_head_one_head", "LR_one_global_head"),
+    "the layout per-head routing found, fixed from step 800, vs fixed from the start":
+        ("fixed_layout_from_800", "LR_one_global_head"),
+    "the layout per-head routing found, fixed from step 800, vs learned throughout":
+        ("fixed_layout_from_800", "routed_per_head_one_head"),
 }
 headline = {"reference": "LG", "runs": {
     "dense": "dense attention in both layers",

@@ -92,7 +92,7 @@ def plan(grid, out_root):
         overrides = {**grid.common, **grid.runs[run]}
         for seed in grid.run_seeds[run]:
             deps = []
-            for dep in dependencies(overrides):
+            for dep in dict.fromkeys(dependencies(overrides)):  # a run named twice (its checkpoint and rates): once
                 if seed not in grid.run_seeds[dep]:
                     raise GridError(f"{grid.path}: run {run} at seed {seed} needs {dep} at seed {seed}, which the "
                                     f"grid does not train; give {dep} that seed")

@@ -234,3 +234,20 @@ def test_a_bad_argument_to_compare_ends_with_one_line(tmp_path):
         assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr, (args, done.stderr)
     assert not os.path.exists(tmp_path / "a_file" / "below")
 
+
+
+def test_a_layout_learned_per_head_continues_fixed_from_its_checkpoint(tmp_path, tiny_corpus):
+    """The diagnosis row: a per-head routed run's first steps, then its layout fixed (random routing at the
+    per-head fractions of its evaluation, 0 or 1) from its checkpoint: one dependency, the rates resolved."""
+    runs = {"first": {"schedule": "R", "router_per_token": False, "max_iters": 3},
+            "fixed": {"schedule": "R", "routing": "random", "random_global_q": "matched_heads:first",
+                      "init_from": "run:first", "max_iters": 3}}
+    path = write_grid(tmp_path / "late.py", runs, {**TINY, "data_dir": str(tiny_corpus)},
+                      extra="evaluate = {'eval_tokens': 256, 'device': 'cpu', 'thresholds': []}\n")
+    out, records = str(tmp_path / "out"), str(tmp_path / "results")
+    assert compare.main([path, "--jobs=1", f"--out={out}", f"--record_dir={records}"]) == 0
+    first, fixed = plan(load_grid(path), out)
+    assert fixed.deps == [("first", 1)]
+    heads = json.load(open(os.path.join(first.out_dir, "eval.json")))["global_frac_per_head"]
+    trained = next(a for a in launches(fixed.out_dir)[0]["argv"] if a.startswith("--random_global_q="))
+    assert trained == f"--random_global_q={heads}" and all(q in (0.0, 1.0) for layer in heads for q in layer)
