@@ -70,9 +70,9 @@ runs = {
     "random_matched_heads_at_LG": {"schedule": "R", "routing": "random",
                                    "random_global_q": "matched_heads:routed_at_LG", "seeds": [2, 3]},
     # fine-tuning at equal total tokens: half the steps dense, then half routed (all weights, or the routers only)
-    "dense_half": {"schedule": "G", "max_iters": _half},
-    "dense_then_routed": {"schedule": "R", "init_from": "run:dense_half", "max_iters": _half},
-    "dense_then_routers": {"schedule": "R", "init_from": "run:dense_half", "max_iters": _half,
+    "dense_first_half": {"schedule": "G", "max_iters": _half},
+    "dense_then_routed": {"schedule": "R", "init_from": "run:dense_first_half", "max_iters": _half},
+    "dense_then_routers": {"schedule": "R", "init_from": "run:dense_first_half", "max_iters": _half,
                            "trainable": "router"},
 }
 comparisons = {
@@ -85,7 +85,7 @@ comparisons = {
     "learned vs random routing, same per-head rates": ("routed", "random_matched_heads"),
     "at LG's cost, learned vs random routing, same per-head rates": ("routed_at_LG", "random_matched_heads_at_LG"),
     "fine-tuned vs from scratch, equal tokens": ("dense_then_routed", "routed"),
-    "only the routers trained vs their dense start": ("dense_then_routers", "dense_half"),
+    "only the routers trained vs their dense start": ("dense_then_routers", "dense_first_half"),
     "local first layer: LG vs GL": ("LG", "GL"),
     "routing the second layer only vs LG": ("LR", "LG"),
     "LR vs one fixed global head in its routed layer": ("LR", "LR_one_global_head"),
