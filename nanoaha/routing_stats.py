@@ -96,7 +96,7 @@ def decision_stability(previous, decisions, threshold):
     def joined(part, i):  # layer i's (N, H, T) over the batches, or None
         first = decisions[0][part][i]
         return None if first is None else torch.cat([d[part][i].float().cpu() for d in decisions])
-    gates = [None if joined(0, i) is None else joined(0, i) > 0.5 for i in range(layers)]
+    gates = [None if g is None else g > 0.5 for g in (joined(0, i) for i in range(layers))]
     probs = [joined(1, i) for i in range(layers)]
     def per_head(x):
         return x.float().mean(dim=(0, 2)).tolist()

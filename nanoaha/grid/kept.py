@@ -16,7 +16,7 @@ import os
 import shutil
 
 from nanoaha.grid.gridfile import GridError, dependencies, load_grid
-from nanoaha.grid.plan import read_summary
+from nanoaha.grid.plan import read_summary, resolved_key_window
 from nanoaha.grid.tables import load_rows
 
 KEPT_FILES = ("train_summary.json", "eval.json", "launches.json", "train.log")
@@ -77,7 +77,7 @@ def refuse_checkpoint_needs(jobs, sources, what, needs=("init_from",)):
 def run_settings(grid, run, window):
     """What a run's numbers depend on in a grid file: base configs, the run's settings over common's, the
     evaluation (key_window resolved: 0 labels beyond the run's own window)."""
-    evaluate = {**grid.evaluate, "key_window": grid.evaluate.get("key_window") or window}
+    evaluate = resolved_key_window({"key_window": 0, **grid.evaluate}, window)
     return {"base": list(grid.base), "settings": {**grid.common, **grid.runs[run]}, "evaluate": evaluate}
 
 

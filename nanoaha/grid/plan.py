@@ -119,6 +119,11 @@ def plan(grid, out_root):
 MATCHED = ("matched:", "matched_heads:")  # random routing at NAME's rates: per layer, or per head
 
 
+def matched_per_head(job):
+    """Whether a job's random rates are "matched_heads:NAME", each head's own."""
+    return str(job.overrides.get("random_global_q")).startswith("matched_heads:")
+
+
 def matched_run(job):
     """NAME of a job's "matched:NAME" (or "matched_heads:NAME") value, else None."""
     value = job.overrides.get("random_global_q")
@@ -154,7 +159,7 @@ def matched_rates(job, out_root, grid):
                              job.matched_window)
     if result is None:
         return None  # not evaluated yet, or not by the grid (another evaluate.py wrote over it): not its rates
-    if str(job.overrides.get("random_global_q")).startswith("matched_heads:"):
+    if matched_per_head(job):
         return [0.0 if q is None else [round(h, 6) for h in q] for q in result["global_frac_per_head"]]
     return [0.0 if q is None else round(q, 6) for q in result["global_frac_per_layer"]]
 
@@ -314,7 +319,7 @@ def describe(job, grid, out_root):
     """The dry run's line for a job: what happens to it and the command."""
     state = train_state(job, grid, out_root)
     after = f" (after {', '.join(f'{r} seed {s}' for r, s in job.deps)})" if job.deps else ""
-    per = "head" if str(job.overrides.get("random_global_q")).startswith("matched_heads:") else "layer"
+    per = "head" if matched_per_head(job) else "layer"
     argv = train_argv(job, grid, out_root, resume=state == "resume",
                       unresolved=f"<per-{per} global fractions of {matched_run(job)} seed {job.seed}, once evaluated>")
     if state == "skip" and not os.path.isfile(os.path.join(job.out_dir, "ckpt.pt")):
