@@ -52,6 +52,8 @@ class GPTConfig:
     router_per_token: bool = True   # False: one learned decision per head for every token, p = sigmoid(b_h)
                                     # with no input (a per-head schedule the model learns); with routing='random',
                                     # one draw per head and sequence instead of per token
+    router_global_heads: int = 0    # > 0, with router_per_token=False: a budget of heads, not a threshold: the
+                                    # k routed heads (over every layer) with the highest router bias are global
     routed_mode: str = "exact"      # 'exact': full + local for every token; 'sparse': full only where gated
     attention_backend: str = "auto"
     rope_base: float = 10000.0
@@ -154,10 +156,31 @@ class Router(nn.Module):
         self.bias = None if config.router_per_token else nn.Parameter(torch.empty(config.n_head))
         head_dim = config.n_embd // config.n_head
         self.local_weight = nn.Parameter(torch.empty(config.n_head, head_dim)) if config.router_sees_local else None
+        # per head: -1 routed, 0 committed to local, 1 committed to global (training's router_commit_after). Part
+        # of the model, so evaluation and generation keep a committed head's path whatever the threshold.
+        self.register_buffer("committed", torch.full((config.n_head,), -1, dtype=torch.int8))
+        self.paths = (-1,) * config.n_head  # the buffer as Python ints: the kernels split heads without a sync
+        self.register_load_state_dict_post_hook(lambda module, keys: module._read_paths())
 
-    def forward(self, x, threshold=None, force=None, local=None):
+    def _read_paths(self):
+        self.paths = tuple(int(c) for c in self.committed.tolist())
+
+    def commit(self, head, path):
+        """Head `head` runs `path` (0 local, 1 global) from now on: its router no longer decides for it."""
+        self.committed[head] = path
+        self._read_paths()
+
+    def head_decisions(self, threshold=None, chosen=None):
+        """A per-head router's decisions, bool (H,), as forward takes them: committed heads their path, the
+        others chosen (the head budget's) or p >= threshold."""
+        hard = chosen if chosen is not None else torch.sigmoid(self.bias.detach().float()) >= (
+            self.config.router_threshold if threshold is None else threshold)
+        return torch.where(self.committed >= 0, self.committed == 1, hard)
+
+    def forward(self, x, threshold=None, force=None, local=None, chosen=None):
         """threshold: None for the trained one (config.router_threshold). force: 'global' or 'local' (Routing).
-        local: (B, H, T, D) the heads' local attention outputs, with router_sees_local."""
+        local: (B, H, T, D) the heads' local attention outputs, with router_sees_local. chosen: bool (H,), the
+        heads the model's head budget made global (router_global_heads), instead of the threshold."""
         if self.logits is not None:
             logits = self.logits(x).float().transpose(1, 2)  # (B, H, T)
         else:
@@ -165,9 +188,16 @@ class Router(nn.Module):
         if self.local_weight is not None:
             logits = logits + torch.einsum("bhtd,hd->bht", local.float(), self.local_weight.float())
         p = torch.sigmoid(logits)
-        hard = p >= (self.config.router_threshold if threshold is None else threshold)
+        if chosen is not None:
+            hard = chosen.view(1, -1, 1).expand_as(p)
+        else:
+            hard = p >= (self.config.router_threshold if threshold is None else threshold)
         if self.training and self.config.router_explore > 0:
             hard = hard | (torch.rand_like(p) < self.config.router_explore)
+        if self.paths != (-1,) * len(self.paths):  # a committed head's p is its path: no gradient, no penalty
+            fixed = (self.committed >= 0).view(1, -1, 1)
+            path = (self.committed == 1).view(1, -1, 1)
+            hard, p = torch.where(fixed, path, hard), torch.where(fixed, path.to(p.dtype), p)
         if force is not None:
             hard = torch.full_like(hard, force == "global")
         gate = hard.to(p.dtype)
@@ -195,10 +225,10 @@ class Attention(nn.Module):
         learned = kind == "routed" and config.routing == "learned"
         self.router = Router(config) if learned else None
 
-    def forward(self, x, cos, sin, mode, threshold=None, force=None, cache=None):
+    def forward(self, x, cos, sin, mode, threshold=None, force=None, cache=None, chosen=None):
         """mode: what routed layers compute ('exact' or 'sparse', from run_mode); threshold: the router's
-        (None: the trained one); force: 'global' or 'local' (Routing). Returns (output, hard gate, p, query-key
-        pairs computed)."""
+        (None: the trained one); force: 'global' or 'local' (Routing); chosen: the head budget's global heads
+        (GPT.chosen_heads). Returns (output, hard gate, p, query-key pairs computed)."""
         B, T, C = x.shape
         qkv = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
         if cos is not None:  # rotary positions (else learned absolute ones were added to the input)
@@ -209,21 +239,23 @@ class Attention(nn.Module):
 
         def route(local, token):  # token: one position of x (decode with a router that reads its local output)
             inputs = x if token is None else x[:, token:token + 1]
-            return self.route(inputs, threshold, force, local, cache)
+            return self.route(inputs, threshold, force, local, cache, chosen)
 
+        # a committed head computes only its path (a forced call's decisions are not the committed ones)
+        paths = self.router.paths if self.router is not None and force is None else None
         out = layer_attention(q, k, v, self.kind, cfg.window, cfg.n_sink, route=route,
                               sees_local=self.router is not None and cfg.router_sees_local, mode=mode,
-                              backend=cfg.attention_backend, cache=cache)
+                              backend=cfg.attention_backend, cache=cache, paths=paths)
         y = out.y.transpose(1, 2).reshape(B, T, C)
         return self.dropout(self.proj(y)), out.hard, out.p, out.keys
 
-    def route(self, x, threshold, force, local=None, cache=None):
+    def route(self, x, threshold, force, local=None, cache=None, chosen=None):
         """(hard gate, STE gate, p) for routed layers, (None, None, None) otherwise. cache: a generation's
         KVCache, which keeps a per-head random draw for the sequence's later tokens."""
         if self.kind != "routed":
             return None, None, None
         if self.router is not None:
-            return self.router(x, threshold, force, local)
+            return self.router(x, threshold, force, local, chosen)
         B, T, _ = x.shape
         q = self.config.random_global_q
         q = q[self.layer] if isinstance(q, list) else q
@@ -279,8 +311,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x, cos, sin, mode, threshold=None, force=None, cache=None):
-        a, hard, p, keys = self.attn(self.ln_1(x), cos, sin, mode, threshold, force, cache)
+    def forward(self, x, cos, sin, mode, threshold=None, force=None, cache=None, chosen=None):
+        a, hard, p, keys = self.attn(self.ln_1(x), cos, sin, mode, threshold, force, cache, chosen)
         x = x + a
         return x + self.mlp(self.ln_2(x)), hard, p, keys
 
@@ -319,9 +351,10 @@ class GPT(nn.Module):
             cos, sin = self.rope_cos[start:start + T], self.rope_sin[start:start + T]
         x = self.drop(x)
         gates, probs, keys = [], [], []
+        chosen = self.chosen_heads()
         for i, block in enumerate(self.blocks):
             x, hard, p, layer_keys = block(x, cos, sin, mode, routing.threshold, routing.forced(i),
-                                           cache[i] if cache else None)
+                                           cache[i] if cache else None, chosen[i])
             gates.append(hard)
             probs.append(p)
             keys.append(layer_keys)
@@ -334,6 +367,27 @@ class GPT(nn.Module):
         layer_p = [p.mean() for p in probs if p is not None]
         layer_p = torch.stack(layer_p) if layer_p else lm_loss.new_zeros(1)
         return GPTOutput(logits, lm_loss, layer_p, gates, probs, T, mode, keys)
+
+    def routers(self):
+        """The learned routers, in layer order."""
+        return [block.attn.router for block in self.blocks if block.attn.router is not None]
+
+    def chosen_heads(self):
+        """Per layer, the heads the head budget makes global (router_global_heads: the k routed heads of highest
+        router bias, committed global ones first, committed local ones never; ties to the lower layer and head),
+        bool (H,); None per layer without it."""
+        k = self.config.router_global_heads
+        if not k:
+            return [None] * len(self.blocks)
+        routers = self.routers()
+        committed = torch.stack([router.committed for router in routers])
+        score = torch.stack([router.bias.detach().float() for router in routers])
+        score = score.masked_fill(committed == 1, float("inf")).masked_fill(committed == 0, float("-inf"))
+        order = torch.sort(score.flatten(), descending=True, stable=True).indices
+        chosen = torch.zeros(score.numel(), dtype=torch.bool, device=score.device)
+        chosen[order[:k]] = True
+        chosen = iter(chosen.view_as(score) & (committed != 0))
+        return [None if block.attn.router is None else next(chosen) for block in self.blocks]
 
     def init_weights(self):
         """GPT-2's init: normal(0.02), residual projections scaled down by depth; routers last, from a forked RNG."""
@@ -499,6 +553,12 @@ def check_model_config(cfg):
         raise ValueError(f"n_sink={cfg.n_sink} must be between 0 and window={cfg.window}")
     if cfg.routing not in ("learned", "random"):
         raise ValueError(f"routing={cfg.routing!r}: use 'learned' or 'random'")
+    routed_heads = cfg.layer_letters.count("R") * cfg.n_head
+    if cfg.router_global_heads and (cfg.router_per_token or cfg.routing != "learned"
+                                    or not 0 < cfg.router_global_heads <= routed_heads):
+        raise ValueError(f"router_global_heads={cfg.router_global_heads} picks heads of learned per-head routers: "
+                         f"it needs routing='learned', router_per_token=False and at most the {routed_heads} routed "
+                         f"heads")
     if not cfg.router_per_token and (cfg.router_sees_local or cfg.router_init_std > 0):
         raise ValueError("router_per_token=False decides per head from no input: it has no router_sees_local and "
                          "no weights for router_init_std; drop those settings")

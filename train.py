@@ -35,9 +35,9 @@ from nanoaha.routing_stats import (decision_stability, format_routing, mean_stat
                                    stability_scalars, training_flops_per_token, warn_collapse)
 from nanoaha.tensorboard_log import Logger, run_hparams
 from nanoaha.train_config import TrainConfig, check_config, corpus_dir
-from nanoaha.training import (LambdaController, StopSignals, TrainingStopped, check_same_data, compile_model,
-                              configure_optimizer, lambda_ramp, lr_at, penalty_start, restore_rng, routed_mode_at,
-                              router_lambda_at, routers_held_local, weights_finite)
+from nanoaha.training import (HeadCommitter, LambdaController, StopSignals, TrainingStopped, check_same_data,
+                              compile_model, configure_optimizer, lambda_ramp, lr_at, penalty_start, restore_rng,
+                              routed_mode_at, router_lambda_at, routers_held_local, weights_finite)
 
 
 @dataclass
@@ -59,6 +59,7 @@ class Run:
     scaler: torch.amp.GradScaler
     controller: LambdaController | None
     n_routers: int                      # layers with a learned router (the controller's lambdas)
+    committer: HeadCommitter | None     # router_commit_after: heads whose decisions held commit to their path
     trainable_params: list              # what the optimizer updates (all, or the routers): clipped, checked
     generator: torch.Generator          # data windows and forced-global steps: seeded alike on every rank
     logger: Logger | None = None
@@ -75,6 +76,7 @@ class Run:
     # [step, flicker, margin, near, per-head flips per step] of every evaluation (routing_stats.decision_stability;
     # flips: the share of steps since the last evaluation whose per-head decision differed from the step before)
     decision_history: list = field(default_factory=list)
+    commit_history: list = field(default_factory=list)  # [step, layer, head, path (0 local, 1 global)] of each commit
     val_gates: list = None                             # the last evaluation's decisions on the val tokens
     head_decisions: torch.Tensor = None                # per-head routers' decisions after the last step
     head_flips: torch.Tensor = None                    # ... and how often each changed since the last evaluation
@@ -189,6 +191,9 @@ def resume(run):
     run.iter_num, run.best_val, run.val_history = ckpt["iter_num"], ckpt["best_val_loss"], ckpt["val_history"]
     run.key_history, run.head_history = ckpt["key_history"], ckpt["head_history"]
     run.copy_history, run.decision_history = ckpt["copy_history"], ckpt["decision_history"]
+    run.commit_history = ckpt["commit_history"]
+    if run.committer is not None and ckpt["commit_streak"] is not None:
+        run.committer.streak = ckpt["commit_streak"]
     run.wall_before = ckpt["train_wall_s"]  # None: unknown (an old checkpoint kept no wall time)
     # what the folder holds, for the divergence message: the resumed checkpoint, the best of the earlier steps
     run.saved_step = run.iter_num if resumed_from == run.ckpt_path else None
@@ -242,6 +247,7 @@ def setup(tcfg, mcfg, ddp, rank, world, device):
     model = GPT(mcfg).to(device)
     n_routers = sum(block.attn.router is not None for block in model.blocks)
     controller = LambdaController(tcfg, n_routers) if tcfg.router_target_global > 0 else None
+    committer = HeadCommitter(tcfg, model.routers()) if tcfg.router_commit_after > 0 else None
     if tcfg.trainable == "router":
         for name, param in model.named_parameters():
             param.requires_grad_(".router." in name)
@@ -249,7 +255,7 @@ def setup(tcfg, mcfg, ddp, rank, world, device):
     run = Run(tcfg, mcfg, ddp, rank, world, device, dtype, data, raw_model=model, model=model,
               optimizer=configure_optimizer(model, tcfg, device_type),
               scaler=torch.amp.GradScaler(device_type, enabled=dtype == torch.float16),  # fp16 needs loss scaling
-              controller=controller, n_routers=n_routers,
+              controller=controller, n_routers=n_routers, committer=committer,
               trainable_params=[p for p in model.parameters() if p.requires_grad], generator=generator)
     start_from(run)
     if tcfg.compile:
@@ -322,6 +328,7 @@ def run_summary(run, final):
             "model_computed_flop_frac": routing["attention_flop_frac_computed"],
             "global_frac_per_layer": routing["global_frac_per_layer"], "val_history": run.val_history,
             "key_history": run.key_history, "copy_history": run.copy_history, "decision_history": run.decision_history,
+            "commit_history": run.commit_history,
             "router_lambdas": run.controller.lam.tolist() if run.controller is not None else None,
             "nonfinite_steps": run.nonfinite_total}
 
@@ -368,6 +375,24 @@ def update_controller(run, out, force_global):
     run.controller.update(fracs.cpu())
 
 
+def commit_heads(run, out, force_global, held_local):
+    """router_commit_after: each learned router's heads' global share of the step's tokens (mean over ranks)
+    moves the HeadCommitter; a forced step's decisions are not the routers'."""
+    if run.committer is None or force_global or held_local:
+        return
+    fracs = torch.stack([hard.float().mean((0, 2)) for hard, block in zip(out.gates, run.raw_model.blocks)
+                         if block.attn.router is not None])
+    if run.ddp:
+        dist.all_reduce(fracs)
+        fracs = fracs / run.world
+    layers = [i for i, block in enumerate(run.raw_model.blocks) if block.attn.router is not None]
+    for router, head, path in run.committer.update(run.iter_num, fracs.cpu()):
+        run.commit_history.append([run.iter_num, layers[router], head, path])
+        if run.master:
+            tqdm.write(f"step {run.iter_num}: layer {layers[router]} head {head} commits to "
+                       f"{'global' if path else 'local'} attention")
+
+
 def per_head_routers(run):
     """The layers whose routers decide per head (router_per_token=False), in order."""
     return [i for i, block in enumerate(run.raw_model.blocks)
@@ -381,13 +406,15 @@ def per_layer_flips(run, flips):
 
 
 def count_head_flips(run):
-    """Per-head routers (router_per_token=False) decide from their bias alone: count, per head, the steps whose
-    decision differs from the step before's (the decisions' flicker step by step; decision_stability measures
-    every router's on the val tokens at each evaluation)."""
-    biases = [run.raw_model.blocks[i].attn.router.bias for i in per_head_routers(run)]
-    if not biases:
+    """Per-head routers (router_per_token=False) decide from no input (Router.head_decisions): count, per head,
+    the steps whose decision differs from the step before's (the decisions' flicker step by step;
+    decision_stability measures every router's on the val tokens at each evaluation)."""
+    layers = per_head_routers(run)
+    if not layers:
         return
-    decisions = torch.sigmoid(torch.stack([b.detach().float() for b in biases])).cpu() >= run.mcfg.router_threshold
+    chosen = run.raw_model.chosen_heads()
+    decisions = torch.stack([run.raw_model.blocks[i].attn.router.head_decisions(chosen=chosen[i])
+                             for i in layers]).cpu()
     if run.head_decisions is not None:
         flips = (decisions != run.head_decisions).float()
         run.head_flips = flips if run.head_flips is None else run.head_flips + flips
@@ -440,6 +467,7 @@ def train_step(run, signals):
         run.scaler.update()
         run.optimizer.zero_grad(set_to_none=True)
         update_controller(run, out, force_global)
+        commit_heads(run, out, force_global, held_local)
         count_head_flips(run)
     run.losses.append(loss[0])
     run.train_time, run.steps_timed = run.train_time + time.time() - step_start, run.steps_timed + 1
@@ -464,7 +492,8 @@ def checkpoint_state(run):
             "model_config": asdict(run.mcfg), "train_config": asdict(run.tcfg), "dtype": dtype_name(run.dtype),
             "iter_num": run.iter_num, "best_val_loss": run.best_val, "val_history": run.val_history,
             "key_history": run.key_history, "head_history": run.head_history, "copy_history": run.copy_history,
-            "decision_history": run.decision_history,
+            "decision_history": run.decision_history, "commit_history": run.commit_history,
+            "commit_streak": run.committer.streak if run.committer is not None else None,
             "train_wall_s": train_wall(run),
             "router_lambda_state": run.controller.u if run.controller is not None else None,
             "data_meta": run.data.meta,

@@ -48,7 +48,7 @@ def sequence_keys(kind, hard, mode, T, window, n_sink, B=1, H=1, device=None):
 
 
 def layer_attention(q, k, v, kind, window, n_sink=0, route=None, sees_local=False, mode="exact", backend="auto",
-                    cache=None):
+                    cache=None, paths=None):
     """q, k, v: (B, H, T, D) of the new positions. Returns LayerAttention. A cache that holds positions already
     takes the decode path; an empty one is filled by the sequence path (the prefill)."""
     if cache is not None and cache.length > 0:

@@ -32,6 +32,21 @@ def checkpoint_1(ckpt):
     return ckpt
 
 
+def checkpoint_2(ckpt):
+    """Routers' committed heads (2026-12-06, router_commit_after): none committed before (-1 for every head),
+    no commits in the history, no streaks."""
+    import torch  # here, so that reading a record's JSON files does not import torch
+
+    ckpt.setdefault("commit_history", [])
+    ckpt.setdefault("commit_streak", None)
+    model, n_head = ckpt.get("model"), ckpt["model_config"].get("n_head")
+    if isinstance(model, dict) and n_head:
+        routers = {key.rpartition(".router.")[0] for key in model if ".router." in key}
+        for prefix in routers:
+            model.setdefault(f"{prefix}.router.committed", torch.full((n_head,), -1, dtype=torch.int8))
+    return ckpt
+
+
 def evaluation_0(result):
     """key_window (2026-12-04) was evaluated at its default, 0; data_dir was recorded absolute (a corpus in some
     checkout's data/ folder reads as that path relative to this one's root, so a record matches elsewhere)."""
@@ -58,14 +73,20 @@ def train_summary_1(summary):
     return summary
 
 
+def train_summary_2(summary):
+    """commit_history (2026-12-06, router_commit_after): no commits before."""
+    summary.setdefault("commit_history", [])
+    return summary
+
+
 def rows_0(saved):
     """Records written before grids had comparisons (2026-12-02's stdlib_bytes and stdlib_bpe) have none."""
     saved.setdefault("comparisons", {})
     return saved
 
 
-MIGRATIONS = {"checkpoint": [checkpoint_0, checkpoint_1], "evaluation": [evaluation_0],
-              "train_summary": [train_summary_0, train_summary_1], "rows": [rows_0]}
+MIGRATIONS = {"checkpoint": [checkpoint_0, checkpoint_1, checkpoint_2], "evaluation": [evaluation_0],
+              "train_summary": [train_summary_0, train_summary_1, train_summary_2], "rows": [rows_0]}
 
 
 def current(kind):

@@ -45,6 +45,9 @@ class TrainConfig:
     router_local_iters: int = 0          # routed decisions all local for this many steps (routers still learn)
     router_token_from_iter: int = 0      # > 0: per-token routers decide per head (their token weights held at
                                          # zero) before this step, then per token from the layout they found
+    router_commit_after: int = 0         # > 0: a head whose decisions were all local (or all global) on this many
+                                         # steps in a row commits to that path and computes only it (HeadCommitter)
+    router_commit_tol: float = 0.01      # ... "all": at most this share of its tokens decided the other way
     sparse_from_iter: int = 0            # with routed_mode='sparse': exact mode before this step
     p_dense: float = 0.0                 # probability that a step runs every routed head globally
     collapse_frac: float = 0.005         # warn when a routed layer's global fraction falls below this
@@ -68,11 +71,12 @@ class TrainConfig:
         at_least = {"batch_size": 1, "grad_accum": 1, "eval_interval": 1, "eval_iters": 1, "log_interval": 1,
                     "max_nonfinite_steps": 1, "max_iters": 0, "warmup_iters": 0, "lr_decay_iters": 0,
                     "router_lambda_start": 0, "router_lambda_ramp": 0, "sparse_from_iter": 0,
-                    "router_local_iters": 0, "probe_spans": 0}
+                    "router_commit_after": 0, "router_local_iters": 0, "probe_spans": 0}
         for key, low in at_least.items():
             if getattr(self, key) < low:
                 raise ValueError(f"{key}={getattr(self, key)} must be at least {low}")
-        fractions = ("router_budget", "router_target_global", "p_dense", "collapse_frac", "beta1", "beta2")
+        fractions = ("router_budget", "router_target_global", "router_commit_tol", "p_dense", "collapse_frac", "beta1",
+                     "beta2")
         for key in fractions:
             if not 0.0 <= getattr(self, key) <= 1.0:
                 raise ValueError(f"{key}={getattr(self, key)} must be in [0, 1]")
@@ -114,6 +118,9 @@ def check_config(tcfg, mcfg):
     if tcfg.router_token_from_iter > 0 and not (learned and mcfg.router_per_token and mcfg.router_init_std == 0):
         raise ValueError("router_token_from_iter holds per-token routers' weights at zero (a decision per head) at "
                          "first: it needs learned routers with router_per_token=True and router_init_std=0")
+    if tcfg.router_commit_after > 0 and not learned:
+        raise ValueError("router_commit_after commits learned routers' heads: a schedule with R and "
+                         "routing='learned'")
     if not mcfg.router_per_token and "R" not in mcfg.layer_letters:
         raise ValueError(f"router_per_token=False decides per head in routed layers, and schedule={mcfg.schedule!r} "
                          f"has none: drop router_per_token=False, or add R to the schedule")

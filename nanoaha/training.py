@@ -79,6 +79,50 @@ class LambdaController:
         return self.lam if self.per_layer else self.lam.expand(n_layers)
 
 
+def commit_start(cfg):
+    """The first step whose decisions count towards a commit (router_commit_after): the penalty at full weight
+    and, with router_token_from_iter, per-token routing released (an all-global start, or the per-head phase,
+    is not a decision yet)."""
+    return max(penalty_start(cfg) + cfg.router_lambda_ramp, cfg.router_token_from_iter)
+
+
+class HeadCommitter:
+    """router_commit_after=K: a routed head whose decisions were all global (its share of the step's tokens
+    >= 1 - router_commit_tol) on each of K steps in a row, or all local (<= router_commit_tol), commits to that
+    path: model.Router.commit, after which its router no longer decides for it (and the kernels compute only
+    that path). Under a budget (router_target_global) no more heads commit global than the budget's share of
+    the routed heads, so the others can still meet it. streak: per router and head, + steps all global in a
+    row, - steps all local."""
+
+    def __init__(self, cfg, routers):
+        self.after, self.tol, self.start = cfg.router_commit_after, cfg.router_commit_tol, commit_start(cfg)
+        self.routers = routers
+        n_heads = sum(len(router.paths) for router in routers)
+        self.max_global = round(cfg.router_target_global * n_heads) if cfg.router_target_global > 0 else n_heads
+        self.streak = torch.zeros(len(routers), len(routers[0].paths) if routers else 0, dtype=torch.long)
+
+    def update(self, it, head_fracs):
+        """head_fracs: (routers, H) each head's global share of the step's tokens. Returns the commits made,
+        [(router index, head, path)]."""
+        if it < self.start:
+            return []
+        all_global, all_local = head_fracs >= 1.0 - self.tol, head_fracs <= self.tol
+        self.streak = torch.where(all_global, self.streak.clamp(min=0) + 1,
+                                  torch.where(all_local, self.streak.clamp(max=0) - 1, torch.zeros_like(self.streak)))
+        committed = torch.stack([router.committed.cpu() for router in self.routers]).long()
+        n_global = int((committed == 1).sum())
+        made = []
+        for r, h in (committed == -1).nonzero().tolist():
+            path = 1 if self.streak[r, h] >= self.after else 0 if self.streak[r, h] <= -self.after else None
+            if path == 1 and n_global >= self.max_global:
+                continue
+            if path is not None:
+                self.routers[r].commit(h, path)
+                n_global += path
+                made.append((r, h, path))
+        return made
+
+
 class TrainingStopped(Exception):
     """A run that ends early for a reason the user acts on (divergence, a signal): one line and an exit status."""
 

@@ -255,3 +255,23 @@ def test_router_token_from_iter_decides_per_head_first_then_per_token(tmp_path, 
     with pytest.raises(ValueError, match="router_token_from_iter holds per-token routers' weights at zero"):
         train.train(*tiny_train_configs(tmp_path / "bad", tiny_corpus, router_token_from_iter=2,
                                         router_per_token=False))
+
+
+def test_heads_commit_in_training_and_a_resume_keeps_their_streaks_exactly(tmp_path, tiny_corpus):
+    """router_commit_after=8 with a penalty that sends every per-head router local after step 0 (at init every
+    head is global): the heads commit at step 8 (8 steps all local), after a resume at step 6 as in a straight run: same losses, same commits,
+    the checkpoint's model holds them and evaluation runs them."""
+    common = {"lr_decay_iters": 12, "eval_interval": 100, "router_per_token": False, "router_lambda": 1.0,
+              "router_lambda_ramp": 0, "router_commit_after": 8}
+    straight = train.train(*tiny_train_configs(tmp_path / "a", tiny_corpus, max_iters=12, **common))
+    summary = json.load(open(tmp_path / "a" / "out" / "train_summary.json"))
+    assert summary["commit_history"] == [[8, layer, head, 0] for layer in range(2) for head in range(2)]
+    assert summary["routed_global_frac"] == 0.0
+    train.train(*tiny_train_configs(tmp_path / "b", tiny_corpus, max_iters=6, **common))
+    resumed = train.train(*tiny_train_configs(tmp_path / "b", tiny_corpus, max_iters=12, init_from="resume",
+                                              **common))
+    assert resumed["losses"] == straight["losses"][6:]
+    assert json.load(open(tmp_path / "b" / "out" / "train_summary.json"))["commit_history"] == \
+        summary["commit_history"]
+    model, _ = checkpoint.load_model(tmp_path / "b" / "out" / "ckpt.pt", "cpu")
+    assert [block.attn.router.paths for block in model.blocks] == [(0, 0), (0, 0)]

@@ -108,7 +108,8 @@ def test_prune_checkpoint_turns_layers_local_and_drops_their_routers(tmp_path, p
     assert pruned["model_config"]["schedule"] == "RGLG" and ckpt["model_config"]["schedule"] == "RG"
     assert pruned["pruned"] == {"layers": [2], "from": path}
     assert set(ckpt["model"]) - set(pruned["model"]) == {"blocks.2.attn.router.logits.weight",
-                                                         "blocks.2.attn.router.logits.bias"}
+                                                         "blocks.2.attn.router.logits.bias",
+                                                         "blocks.2.attn.router.committed"}
     save_checkpoint(str(tmp_path / "pruned.pt"), pruned)
     model, _ = load_model(str(tmp_path / "pruned.pt"), "cpu")  # strict: no router left over, none missing
     assert model.config.layer_letters == "RGLG" and model.blocks[2].attn.router is None

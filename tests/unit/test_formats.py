@@ -33,3 +33,23 @@ def test_a_checkpoint_records_its_format_and_loads_through_the_migrations(tmp_pa
     assert torch.load(path, weights_only=False)["format"] == formats.current("checkpoint")
     torch.save({"model": {}, "model_config": {}}, path)  # written before versions
     assert load_checkpoint(path, "cpu")["train_wall_s"] is None
+
+
+def test_a_routed_checkpoint_from_before_commits_loads_with_no_head_committed(tmp_path):
+    """Format 2 had no Router.committed buffer: the migration adds one per router (-1: every head routed), so
+    load_model's strict load takes the old weights."""
+    from dataclasses import asdict
+    from model import GPT, GPTConfig
+    from nanoaha.checkpoint import load_model
+    config = GPTConfig(vocab_size=16, block_size=8, n_layer=2, n_head=2, n_embd=8, window=2, schedule="RL")
+    model = GPT(config)
+    state = {k: v for k, v in model.state_dict().items() if not k.endswith(".committed")}
+    assert len(state) == len(model.state_dict()) - 1
+    path = str(tmp_path / "ckpt.pt")
+    torch.save({"model": state, "model_config": asdict(config), "format": 2, "data_meta": {}}, path)
+    ckpt = load_checkpoint(path, "cpu")
+    assert ckpt["model"]["blocks.0.attn.router.committed"].tolist() == [-1, -1]
+    assert ckpt["commit_history"] == [] and ckpt["commit_streak"] is None
+    loaded, _ = load_model(path, "cpu")
+    assert loaded.blocks[0].attn.router.paths == (-1, -1)
+    torch.testing.assert_close(loaded.blocks[0].attn.router.logits.bias, model.blocks[0].attn.router.logits.bias)

@@ -549,3 +549,88 @@ def test_decision_stability_counts_changed_decisions_and_the_distance_from_the_t
     scalars = stability_scalars(second, flips=[[0.1], None])
     assert scalars["val_stability/flicker_layer0"] == 0.25 and "val_stability/flicker_layer1" not in scalars
     assert scalars["val_stability_heads_layer0/step_flips_head0"] == 0.1
+
+
+@pytest.mark.parametrize("per_token", [True, False])
+def test_a_committed_head_runs_its_path_whatever_its_router_says_and_its_router_gets_no_gradient(per_token):
+    """Router.commit: the head's hard decision and p are its path at any threshold; the other heads decide as
+    before; the committed head's router parameters get no gradient; the model computes what the same decisions
+    computed without committing (a head whose router says the same thing)."""
+    torch.manual_seed(0)
+    model = GPT(small_config(schedule="R", router_per_token=per_token))
+    router = model.blocks[0].attn.router
+    x = tokens()
+    before = model(x, x)
+    router.commit(0, 0)  # head 0 committed local; at init every router says global (p = 0.5)
+    assert router.paths == (0, -1) and router.committed.tolist() == [0, -1]
+    for threshold in (None, 0.0, 1.0):
+        out = model(x, x, Routing(threshold=threshold))
+        assert not out.gates[0][:, 0].any() and (out.probs[0][:, 0] == 0).all()
+        assert torch.equal(out.gates[0][:, 1], before.gates[0][:, 1] if threshold != 1.0 else
+                           torch.zeros_like(out.gates[0][:, 1]))
+    out = model(x, x)
+    (out.lm_loss + router_penalty(out, 0.5)).backward()
+    bias_grad = router.bias.grad if not per_token else router.logits.bias.grad
+    assert bias_grad[0] == 0 and bias_grad[1] != 0
+    if per_token:
+        assert (router.logits.weight.grad[0] == 0).all() and (router.logits.weight.grad[1] != 0).any()
+    # the same decisions from the router itself: a head whose bias says local
+    torch.manual_seed(0)
+    same = GPT(small_config(schedule="R", router_per_token=per_token))
+    with torch.no_grad():
+        (same.blocks[0].attn.router.bias if not per_token else same.blocks[0].attn.router.logits.bias)[0] = -30.0
+    torch.testing.assert_close(out.logits, same(x, x).logits)
+    # forced routing still forces every head (evaluation's all-global and all-local comparisons)
+    forced = model(x, x, Routing(force="global"))
+    assert forced.gates[0].all()
+
+
+def test_committed_heads_are_part_of_the_model_state():
+    torch.manual_seed(0)
+    model = GPT(small_config(schedule="RL", router_per_token=False))
+    model.blocks[0].attn.router.commit(1, 1)
+    state = model.state_dict()
+    assert state["blocks.0.attn.router.committed"].tolist() == [-1, 1]
+    fresh = GPT(small_config(schedule="RL", router_per_token=False))
+    assert fresh.blocks[0].attn.router.paths == (-1, -1)
+    load_model_state(fresh, state, "test")
+    assert fresh.blocks[0].attn.router.paths == (-1, 1)
+
+
+def test_the_head_budget_makes_the_k_heads_of_highest_bias_global_over_every_layer():
+    """router_global_heads=k: the k routed heads of highest bias over both layers are global, whatever the
+    threshold; a committed global head takes a place first, a committed local one never gets one."""
+    torch.manual_seed(0)
+    model = GPT(small_config(schedule="R", router_per_token=False, router_global_heads=2))
+    r0, r1 = (block.attn.router for block in model.blocks)
+    with torch.no_grad():
+        r0.bias.copy_(torch.tensor([-3.0, 0.5]))
+        r1.bias.copy_(torch.tensor([1.0, -4.0]))
+    x = tokens()
+    out = model(x, x, Routing(threshold=0.99))
+    assert [g[0, :, 0].tolist() for g in out.gates] == [[False, True], [True, False]]
+    assert [c.tolist() for c in model.chosen_heads()] == [[False, True], [True, False]]
+    assert [r.head_decisions(chosen=c).tolist() for r, c in zip((r0, r1), model.chosen_heads())] == \
+        [[False, True], [True, False]]
+    r1.commit(1, 1)  # the lowest bias, committed global: it takes one of the two places
+    r1.commit(0, 0)  # the highest, committed local: it gets none
+    out = model(x, x)
+    assert [g[0, :, 0].tolist() for g in out.gates] == [[False, True], [False, True]]
+    with torch.no_grad():
+        r0.bias.copy_(torch.tensor([0.0, 0.0]))  # a tie goes to the lower head
+    r1.committed.fill_(-1)
+    r1._read_paths()
+    with torch.no_grad():
+        r1.bias.copy_(torch.tensor([0.0, 0.0]))
+    assert [c.tolist() for c in model.chosen_heads()] == [[True, True], [False, False]]
+    # the STE gradient still reaches every head's bias
+    out = model(x, x)
+    out.lm_loss.backward()
+    assert (r0.bias.grad != 0).all() and (r1.bias.grad != 0).all()
+
+
+@pytest.mark.parametrize("overrides", [{"router_per_token": True}, {"routing": "random", "router_per_token": False},
+                                       {"router_per_token": False, "router_global_heads": 5}])
+def test_the_head_budget_needs_learned_per_head_routers_and_at_most_the_routed_heads(overrides):
+    with pytest.raises(ValueError, match="router_global_heads"):
+        small_config(schedule="RL", **{"router_global_heads": 1, **overrides})

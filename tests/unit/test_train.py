@@ -14,7 +14,7 @@ from nanoaha import checkpoint, device, routing_stats
 from nanoaha.configurator import ConfigError, parse_args
 from nanoaha.routing_stats import warn_collapse
 from nanoaha.train_config import TrainConfig
-from nanoaha.training import LambdaController, lr_at
+from nanoaha.training import HeadCommitter, LambdaController, commit_start, lr_at
 
 
 def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
@@ -235,3 +235,71 @@ def test_per_head_routers_flips_are_counted_step_by_step():
             bias.copy_(torch.tensor(values))
         train.count_head_flips(run)
     assert run.flip_steps == 3 and run.head_flips.tolist() == [[2.0, 0.0]]
+
+
+def committer_model(n_layer=2, **cfg):
+    from model import GPT
+    return GPT(GPTConfig(vocab_size=16, block_size=8, n_layer=n_layer, n_head=2, n_embd=8, window=2, schedule="R",
+                         **cfg))
+
+
+def test_a_head_commits_after_k_steps_in_a_row_all_local_or_all_global_from_the_penalty_at_full_weight():
+    """router_commit_after=3: streaks count from commit_start (penalty start + ramp); a step in between (a mixed
+    share, above the tolerance) resets a head's streak; the commit is the router's (its paths)."""
+    model = committer_model()
+    tcfg = TrainConfig(router_commit_after=3, router_commit_tol=0.05, router_lambda_start=2, router_lambda_ramp=3)
+    assert commit_start(tcfg) == 5
+    committer = HeadCommitter(tcfg, model.routers())
+    shares = torch.tensor([[0.0, 1.0], [0.5, 0.97]])  # layer 0: head 0 all local, head 1 all global; layer 1 mixed
+    assert committer.update(4, shares) == [] and committer.streak.abs().sum() == 0  # before commit_start
+    assert committer.update(5, shares) == [] and committer.update(6, shares) == []
+    assert committer.streak.tolist() == [[-2, 2], [0, 2]]
+    assert committer.update(7, torch.tensor([[0.0, 1.0], [0.5, 0.5]])) == [(0, 0, 0), (0, 1, 1)]
+    assert committer.streak.tolist() == [[-3, 3], [0, 0]]
+    assert [r.paths for r in model.routers()] == [(0, 1), (-1, -1)]
+    for it in range(8, 11):  # a committed head does not commit again
+        made = committer.update(it, torch.tensor([[1.0, 0.0], [0.01, 0.5]]))
+    assert made == [(1, 0, 0)] and [r.paths for r in model.routers()] == [(0, 1), (0, -1)]
+
+
+def test_no_more_heads_commit_global_than_the_budget_leaves_room_for():
+    """router_target_global=0.25 of 4 heads: one head may commit global; a second, all global as long, waits."""
+    model = committer_model()
+    committer = HeadCommitter(TrainConfig(router_commit_after=2, router_target_global=0.25, router_lambda_ramp=0),
+                              model.routers())
+    for it in range(2):
+        made = committer.update(it, torch.tensor([[1.0, 1.0], [0.0, 0.4]]))
+    assert made == [(0, 0, 1), (1, 0, 0)]
+    assert [r.paths for r in model.routers()] == [(1, -1), (0, -1)]
+    committer.update(2, torch.tensor([[1.0, 1.0], [0.0, 0.4]]))
+    assert model.routers()[0].paths == (1, -1) and committer.streak[0, 1] == 3
+
+
+def test_commit_settings_are_checked():
+    with pytest.raises(ValueError, match="router_commit_tol"):
+        TrainConfig(router_commit_tol=1.5)
+    with pytest.raises(ValueError, match="router_commit_after"):
+        TrainConfig(router_commit_after=-1)
+    from nanoaha.train_config import check_config
+    with pytest.raises(ValueError, match="router_commit_after commits learned routers"):
+        check_config(TrainConfig(router_commit_after=10), GPTConfig(schedule="L"))
+
+
+def test_flips_count_the_decisions_the_model_takes_committed_and_chosen():
+    """count_head_flips reads Router.head_decisions: a committed head does not flip whatever its bias does, and
+    with the head budget a head flips when it leaves the top k, not when it crosses the threshold."""
+    model = committer_model(n_layer=1, router_per_token=False, router_global_heads=1)
+    run = SimpleNamespace(raw_model=model, mcfg=model.config, head_decisions=None, head_flips=None, flip_steps=0)
+    bias = model.blocks[0].attn.router.bias
+    for values in ([0.3, 0.1], [0.2, 0.1], [0.1, 0.2], [-0.1, -0.2]):  # the top head changes twice
+        with torch.no_grad():
+            bias.copy_(torch.tensor(values))
+        train.count_head_flips(run)
+    assert run.head_flips.tolist() == [[2.0, 2.0]]
+    model.blocks[0].attn.router.commit(1, 0)
+    run.head_flips = None
+    for values in ([0.1, 0.3], [0.3, 0.1]):  # head 1 committed local: head 0 is the budget's head throughout
+        with torch.no_grad():
+            bias.copy_(torch.tensor(values))
+        train.count_head_flips(run)
+    assert run.head_flips.tolist() == [[0.0, 0.0]]
