@@ -90,15 +90,17 @@ class HeadCommitter:
     """router_commit_after=K: a routed head whose decisions were all global (its share of the step's tokens
     >= 1 - router_commit_tol) on each of K steps in a row, or all local (<= router_commit_tol), commits to that
     path: model.Router.commit, after which its router no longer decides for it (and the kernels compute only
-    that path). Under a budget (router_target_global) no more heads commit global than the budget's share of
-    the routed heads, so the others can still meet it. streak: per router and head, + steps all global in a
-    row, - steps all local."""
+    that path). Under a budget (router_target_global, the share of the routed heads it buys) no more heads
+    commit global than it buys, and no more commit local than leaves it reachable (committed global heads plus
+    undecided ones). streak: per router and head, + steps all global in a row, - steps all local."""
 
     def __init__(self, cfg, routers):
         self.after, self.tol, self.start = cfg.router_commit_after, cfg.router_commit_tol, commit_start(cfg)
         self.routers = routers
         n_heads = sum(len(router.paths) for router in routers)
-        self.max_global = round(cfg.router_target_global * n_heads) if cfg.router_target_global > 0 else n_heads
+        budget = cfg.router_target_global > 0
+        self.max_global = round(cfg.router_target_global * n_heads) if budget else n_heads
+        self.min_global = self.max_global if budget else 0
         self.streak = torch.zeros(len(routers), len(routers[0].paths) if routers else 0, dtype=torch.long)
 
     def update(self, it, head_fracs):
@@ -110,15 +112,15 @@ class HeadCommitter:
         self.streak = torch.where(all_global, self.streak.clamp(min=0) + 1,
                                   torch.where(all_local, self.streak.clamp(max=0) - 1, torch.zeros_like(self.streak)))
         committed = torch.stack([router.committed.cpu() for router in self.routers]).long()
-        n_global = int((committed == 1).sum())
+        n_global, n_open = int((committed == 1).sum()), int((committed == -1).sum())
         made = []
         for r, h in (committed == -1).nonzero().tolist():
             path = 1 if self.streak[r, h] >= self.after else 0 if self.streak[r, h] <= -self.after else None
-            if path == 1 and n_global >= self.max_global:
+            if path == 1 and n_global >= self.max_global or path == 0 and n_global + n_open - 1 < self.min_global:
                 continue
             if path is not None:
                 self.routers[r].commit(h, path)
-                n_global += path
+                n_global, n_open = n_global + path, n_open - 1
                 made.append((r, h, path))
         return made
 

@@ -45,6 +45,18 @@ runs = {
     # (after the copy head forms in the per-head runs, about step 1500-2200)
     "routed_heads_then_tokens_at_LG": {"schedule": "R", "router_target_global": 0.5,
                                        "router_token_from_iter": 2500, "seeds": [1, 2]},
+    # ... heads commit to their path once their decisions held 250 steps in a row (router_commit_after), at one
+    # head's cost (per-head routers) and at LG's (per-token routers)
+    "routed_per_head_one_head_commit": {"schedule": "R", "router_per_token": False, "router_target_global": 0.125,
+                                        "router_commit_after": 250, "seeds": [1, 2]},
+    "routed_at_LG_commit": {"schedule": "R", "router_target_global": 0.5, "router_commit_after": 250,
+                            "seeds": [1, 2]},
+    # ... a budget of heads instead of a penalty: the k per-head routers of highest bias are global (no lambda;
+    # the LM loss alone ranks the heads)
+    "routed_head_budget_one_head": {"schedule": "R", "router_per_token": False, "router_global_heads": 1,
+                                    "router_lambda": 0.0, "seeds": [1, 2]},
+    "routed_head_budget_at_LG": {"schedule": "R", "router_per_token": False, "router_global_heads": 4,
+                                 "router_lambda": 0.0, "seeds": [1, 2]},
     # diagnosis: per-head routing at one head's cost settles on the fixed row's layout near step 800 yet grows no
     # copy head. Its first 800 steps again (the same schedule and batches), then that layout fixed for the other
     # 4200 steps (random routing at the per-head fractions of its step-800 evaluation, 0 or 1; the learning rate
@@ -97,6 +109,12 @@ comparisons = {
     "at LG's cost, per-head routers vs LG": ("routed_per_head_at_LG", "LG"),
     "at LG's cost, per-head then per-token routers vs LG": ("routed_heads_then_tokens_at_LG", "LG"),
     "at LG's cost, per-head then per-token vs per-token routers": ("routed_heads_then_tokens_at_LG", "routed_at_LG"),
+    "at LG's cost, per-token routers whose heads commit vs LG": ("routed_at_LG_commit", "LG"),
+    "at LG's cost, a budget of 4 heads vs LG": ("routed_head_budget_at_LG", "LG"),
+    "at one head's cost, per-head routers whose heads commit vs one fixed global head":
+        ("routed_per_head_one_head_commit", "LR_one_global_head"),
+    "at one head's cost, a budget of one head vs one fixed global head":
+        ("routed_head_budget_one_head", "LR_one_global_head"),
     "LR: per-head vs per-token routers": ("LR_per_head", "LR"),
     "LR with per-head routers vs one fixed global head": ("LR_per_head", "LR_one_global_head"),
     "at one head's cost, learned per-head routing vs one fixed global head":

@@ -303,3 +303,17 @@ def test_flips_count_the_decisions_the_model_takes_committed_and_chosen():
             bias.copy_(torch.tensor(values))
         train.count_head_flips(run)
     assert run.head_flips.tolist() == [[0.0, 0.0]]
+
+
+def test_no_more_heads_commit_local_than_leaves_the_budget_reachable():
+    """router_target_global=0.25 of 4 heads buys one: three heads all local commit, the fourth (as long all
+    local) stays undecided, the one that can still meet the budget."""
+    model = committer_model()
+    committer = HeadCommitter(TrainConfig(router_commit_after=2, router_target_global=0.25, router_lambda_ramp=0),
+                              model.routers())
+    for it in range(3):
+        made = committer.update(it, torch.zeros(2, 2))
+    assert [r.paths for r in model.routers()] == [(0, 0), (0, -1)] and made == []
+    for it in range(3, 5):
+        made = committer.update(it, torch.tensor([[0.0, 0.0], [0.0, 1.0]]))
+    assert made == [(1, 1, 1)]
