@@ -4,11 +4,14 @@ where a decision is local. It routes (it calls the layer's router, after the loc
 it), runs the kernels, and counts the query-key pairs it computed: the routing statistics read that count
 (nanoaha/routing_stats.py) instead of re-deriving what ran.
 
-    layer_attention(q, k, v, kind, window, n_sink, route=..., sees_local=..., mode=..., backend=..., cache=...)
+    layer_attention(q, k, v, kind, window, n_sink, route=..., sees_local=..., mode=..., backend=..., cache=...,
+                    paths=...)
 
 route(local, token) -> (hard, gate, p): the layer's routing decision; local is the heads' local output where the
 router reads it (sees_local), else None; token None decides for the whole sequence, an int for that position of
 the new tokens (decode). cache: duck-typed like model.KVCache (write, length, window_keys, all_keys).
+paths (routed layers): None, every head routed, or one int per head: -1 routed, 0 committed to local, 1 committed
+to global; a committed head computes only its path (its router's decision must be that path).
 """
 from typing import NamedTuple
 
@@ -33,11 +36,16 @@ def keys_read(kind, T, window, n_sink, device=None):
     return torch.clamp(t + 1, max=window) + torch.clamp(t + 1 - window, min=0).clamp(max=n_sink)
 
 
-def sequence_keys(kind, hard, mode, T, window, n_sink, B=1, H=1, device=None):
+def sequence_keys(kind, hard, mode, T, window, n_sink, B=1, H=1, device=None, paths=None):
     """Query-key pairs a whole-sequence call computes, summed over (B, H, T): dense and local read their keys;
     a routed layer reads the window for every token, plus every causal key for every token ('exact', which
     needs the full output for the straight-through gradient) or for the global ones only ('sparse'). hard:
-    bool (B, H, T) for routed layers."""
+    bool (B, H, T) for routed layers. paths: a routed layer's heads committed to local or global (head_groups)
+    read that kind's keys alone."""
+    groups = head_groups(paths, kind, None if hard is None else hard.shape[1])
+    if groups is not None:
+        return sum(sequence_keys(group, hard[:, head_index(heads)] if group == "routed" else None, mode, T, window,
+                                 n_sink, hard.shape[0], len(heads), device) for group, heads in groups.items())
     if kind != "routed":
         return B * H * keys_read(kind, T, window, n_sink, device).float().sum()
     dense = keys_read("dense", T, window, n_sink, device).float()
@@ -47,23 +55,74 @@ def sequence_keys(kind, hard, mode, T, window, n_sink, B=1, H=1, device=None):
     return B * H * local.sum() + full
 
 
+PATHS = {-1: "routed", 0: "local", 1: "dense"}  # a head's path -> the kind of attention it runs
+
+
+def head_groups(paths, kind, H):
+    """{kind: [heads]} of a routed layer whose heads have committed to a path (PATHS; empty groups left out),
+    None where every head is routed (paths None or all -1: the layer runs as one routed call)."""
+    if paths is None:
+        return None
+    if kind != "routed":
+        raise ValueError(f"paths={paths!r} is for routed layers (which heads committed to a path); "
+                         f"a {kind} layer takes paths=None")
+    if not isinstance(paths, (tuple, list)) or len(paths) != H or \
+            any(isinstance(path, bool) or path not in PATHS for path in paths):
+        raise ValueError(f"paths={paths!r} needs one path per head ({H} heads): -1 routed, 0 committed to local, "
+                         f"1 committed to global")
+    if all(path == -1 for path in paths):
+        return None
+    groups = {PATHS[path]: [h for h, each in enumerate(paths) if each == path] for path in PATHS}
+    return {group: heads for group, heads in groups.items() if heads}
+
+
+def head_index(heads):
+    """Index of the head dim: consecutive heads as a slice (a view, not a copy), others as the list."""
+    return slice(heads[0], heads[-1] + 1) if heads == list(range(heads[0], heads[-1] + 1)) else heads
+
+
 def layer_attention(q, k, v, kind, window, n_sink=0, route=None, sees_local=False, mode="exact", backend="auto",
                     cache=None, paths=None):
     """q, k, v: (B, H, T, D) of the new positions. Returns LayerAttention. A cache that holds positions already
     takes the decode path; an empty one is filled by the sequence path (the prefill)."""
-    if cache is not None and cache.length > 0:
-        return _decode(q, k, v, kind, route, sees_local, cache)
     B, H, T, _ = q.shape
+    groups = head_groups(paths, kind, H)
+    if cache is not None and cache.length > 0:  # a committed head's decision is its path: decode needs no split
+        return _decode(q, k, v, kind, route, sees_local, cache)
     hard = gate = p = local = None
     if kind == "routed":
         if sees_local:  # computed once: the router reads it, the routed kernel combines it
             local = attention(q, k, v, kind="local", window=window, n_sink=n_sink, backend=backend)
         hard, gate, p = route(local, None)
-    y = attention(q, k, v, kind=kind, window=window, n_sink=n_sink, gate=gate, mode=mode, backend=backend,
-                  local=local)
+    if groups is None:
+        y = attention(q, k, v, kind=kind, window=window, n_sink=n_sink, gate=gate, mode=mode, backend=backend,
+                      local=local)
+    else:
+        y = _committed_attention(q, k, v, groups, window, n_sink, gate, mode, backend, local)
     if cache is not None:
         cache.write(k, v)
-    return LayerAttention(y, hard, p, sequence_keys(kind, hard, mode, T, window, n_sink, B, H, q.device))
+    return LayerAttention(y, hard, p, sequence_keys(kind, hard, mode, T, window, n_sink, B, H, q.device, paths))
+
+
+def _committed_attention(q, k, v, groups, window, n_sink, gate, mode, backend, local):
+    """A routed layer with committed heads: each group of heads runs its own kind (head_groups), the routed ones
+    with their gates; the outputs are written back in head order."""
+    y = None
+    for kind, heads in groups.items():
+        i = head_index(heads)
+        if kind == "local" and local is not None:
+            out = local[:, i]  # the router's local output: not computed again
+        else:
+            routed = kind == "routed"
+            out = attention(q[:, i], k[:, i], v[:, i], kind=kind, window=window, n_sink=n_sink,
+                            gate=gate[:, i] if routed else None, mode=mode, backend=backend,
+                            local=local[:, i] if routed and local is not None else None)
+        if len(heads) == q.shape[1]:
+            return out  # every head committed to one path
+        if y is None:
+            y = out.new_empty(q.shape)
+        y[:, i] = out  # autograd records the copy: each group's gradient is its heads' slice
+    return y
 
 
 def _decode(q, k, v, kind, route, sees_local, cache):

@@ -1,6 +1,7 @@
 """kernels/layer.py, one layer's attention: the local output a router reads is computed once and gives the same
 outputs and gradients as the routed kernel computing its own, and the query-key pairs it reports are those its
-kernels computed (sequence and decode)."""
+kernels computed (sequence and decode); heads committed to a path (paths=) compute only that path, with the
+outputs and gradients of the same decisions routed."""
 import pytest
 import torch
 
@@ -87,3 +88,147 @@ def test_decode_reports_the_keys_each_new_token_read():
         out = layer_attention(q[:, :, 10:], k[:, :, 10:], v[:, :, 10:], kind, window, route=route, cache=cache)
         assert out.keys.item() == want, kind
         assert kernels.layer.decode_gathers(q) is False
+
+
+def committed_route(paths, B, H, T, seed=0, sees_local=False):
+    """A route function built as model.Router builds its gates: committed heads decide their path with a gate
+    that carries no gradient, routed heads decide at random with the straight-through gate of p (a leaf)."""
+    g = torch.Generator().manual_seed(seed)
+    p = torch.rand(B, H, T, generator=g).requires_grad_()
+    hard = torch.rand(B, H, T, generator=g) < 0.4
+    committed = torch.tensor([path != -1 for path in paths]).view(1, H, 1)
+    hard = torch.where(committed, torch.tensor([path == 1 for path in paths]).view(1, H, 1), hard)
+
+    def route(local, token):
+        assert (local is not None) == sees_local and token is None
+        gate = torch.where(committed, hard.float(), hard.float() + p - p.detach())
+        return hard, gate, p
+
+    return route, p
+
+
+@pytest.mark.parametrize("sees_local", [False, True])
+@pytest.mark.parametrize("backend", ["torch", "reference"])
+@pytest.mark.parametrize("mode", ["exact", "sparse"])
+def test_committed_heads_give_the_outputs_and_gradients_of_the_routed_call(mode, backend, sees_local):
+    """Heads committed to global (0) and local (1) run dense and local attention alone, the others the routed
+    kernel: the same outputs and gradients (the routed heads' p included) as every head routed with the same
+    decisions."""
+    paths, B, H, T, window, n_sink = (1, 0, -1, -1), 2, 4, 48, 8, 2
+    q, k, v, _ = make_inputs(B=B, H=H, T=T, dtype=torch.float32)
+    grad_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(5))
+
+    def run(given):
+        route, p = committed_route(paths, B, H, T, sees_local=sees_local)
+        out = layer_attention(q, k, v, "routed", window, n_sink, route=route, sees_local=sees_local, mode=mode,
+                              backend=backend, paths=paths if given else None)
+        return out, (out.y, *torch.autograd.grad(out.y, (q, k, v, p), grad_out))
+
+    (split, split_grads), (whole, whole_grads) = run(True), run(False)
+    for name, a, b in zip(("y", "dq", "dk", "dv", "dp"), split_grads, whole_grads):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=f"{name} differs")
+    assert split_grads[-1][:, 2:].abs().sum() > 0  # the routed heads' gradient reached p (it is compared above)
+    assert torch.equal(split.hard, whole.hard) and torch.equal(split.p, whole.p)
+    assert split.keys < whole.keys if mode == "exact" else split.keys <= whole.keys
+
+
+def test_committed_heads_run_only_their_path(monkeypatch):
+    """One call per group of heads: the global head dense, the local head local, the two routed heads the
+    routed kernel with their own gates."""
+    q, k, v, _ = make_inputs(B=2, H=4, T=40)
+    route, _ = committed_route((-1, 1, -1, 0), 2, 4, 40)
+    calls = []
+    monkeypatch.setattr("kernels.layer.attention", lambda q, k, v, kind, gate=None, **kw: calls.append(
+        (kind, q.shape[1], None if gate is None else gate.shape[1])) or attention(q, k, v, kind, gate=gate, **kw))
+    layer_attention(q, k, v, "routed", 8, 2, route=route, mode="exact", backend="torch", paths=(-1, 1, -1, 0))
+    assert sorted(calls) == [("dense", 1, None), ("local", 1, None), ("routed", 2, 2)]
+
+
+def test_a_router_that_reads_the_local_output_has_it_computed_once_with_committed_heads(monkeypatch):
+    """The local heads reuse the local output the router read, and the routed heads get their part of it."""
+    q, k, v, _ = make_inputs(B=2, H=4, T=40)
+    paths = (1, 0, -1, -1)
+    calls = []
+    original = torch_attention._local_forward
+    monkeypatch.setattr(torch_attention, "_local_forward", lambda *a, **kw: calls.append(1) or original(*a, **kw))
+    for mode in ("exact", "sparse"):
+        calls.clear()
+        route, _ = committed_route(paths, 2, 4, 40, sees_local=True)
+        out = layer_attention(q, k, v, "routed", 8, 2, route=route, sees_local=True, mode=mode, backend="torch",
+                              paths=paths)
+        assert len(calls) == 1
+        local = attention(q, k, v, kind="local", window=8, n_sink=2, backend="reference")
+        torch.testing.assert_close(out.y[:, 1], local[:, 1])  # the committed local head's output is its window's
+
+
+def test_committed_heads_count_only_the_keys_of_their_path():
+    B, H, T, window, n_sink = 2, 4, 40, 8, 2
+    q, k, v, _ = make_inputs(B=B, H=H, T=T)
+    dense = torch.arange(1, T + 1, dtype=torch.float64).sum()
+    local = keys_read("local", T, window, n_sink).double().sum()
+
+    def keys(paths, mode="exact"):
+        route, _ = committed_route(paths or (-1,) * H, B, H, T)
+        out = layer_attention(q, k, v, "routed", window, n_sink, route=route, mode=mode, backend="torch",
+                              paths=paths)
+        assert out.keys.item() == sequence_keys("routed", out.hard, mode, T, window, n_sink, paths=paths).item()
+        return out.keys.item()
+
+    assert keys((1, 0, 0, 0)) == pytest.approx((B * (dense + 3 * local)).item())
+    assert keys((1, 0, 0, 0)) < keys(None) == pytest.approx((B * H * (dense + local)).item())
+    assert keys((-1, -1, -1, -1)) == keys(None)
+    # a routed head among committed ones counts what the routed kernel computed for it, in its mode
+    route, _ = committed_route((1, -1, 0, 0), B, H, T)
+    out = layer_attention(q, k, v, "routed", window, n_sink, route=route, mode="sparse", backend="torch",
+                          paths=(1, -1, 0, 0))
+    routed = B * local + (out.hard[:, 1].double() * torch.arange(1, T + 1, dtype=torch.float64)).sum()
+    assert out.keys.item() == pytest.approx((B * dense + routed + 2 * B * local).item())
+
+
+def test_every_head_routed_is_the_call_without_paths():
+    q, k, v, _ = make_inputs(B=2, H=4, T=40)
+    route, _ = committed_route((-1,) * 4, 2, 4, 40)
+    a, b = (layer_attention(q, k, v, "routed", 8, 2, route=route, mode="sparse", backend="torch", paths=paths)
+            for paths in (None, (-1, -1, -1, -1)))
+    assert torch.equal(a.y, b.y) and torch.equal(a.hard, b.hard) and a.p is b.p and torch.equal(a.keys, b.keys)
+
+
+@pytest.mark.parametrize("kind, paths, message", [
+    ("routed", (1, 0, -1), "one path per head"), ("routed", (1, 0, -1, 2), "one path per head"),
+    ("routed", (1, 0, -1, True), "one path per head"), ("routed", 1, "one path per head"),
+    ("dense", (1, 1, 1, 1), "a dense layer takes paths=None"), ("local", (0, 0, 0, 0), "a local layer takes")])
+def test_paths_are_refused_where_they_mean_nothing(kind, paths, message):
+    q, k, v, _ = make_inputs(B=1, H=4, T=16)
+    route, _ = committed_route((-1,) * 4, 1, 4, 16)
+    with pytest.raises(ValueError, match=message):
+        layer_attention(q, k, v, kind, 8, route=route, paths=paths)
+
+
+@pytest.mark.parametrize("sees_local", [False, True])
+def test_decode_with_committed_heads_is_decode_without_paths(sees_local):
+    """Decode already reads only the window for a local decision, and a committed head's decision is its path:
+    the same outputs and keys with paths as without."""
+    B, H, T, window, paths = 1, 4, 14, 4, (1, 0, -1, -1)
+    q, k, v, _ = make_inputs(B=B, H=H, T=T)
+    q, k, v = q.detach(), k.detach(), v.detach()
+    route, _ = committed_route(paths, B, H, T, sees_local=False)
+    hard = route(None, None)[0]
+
+    def decode_route(local, token):  # the decisions of the new tokens 10 .. 13
+        part = hard[:, :, 10:] if token is None else hard[:, :, 10 + token:11 + token]
+        return part, part.double(), None
+
+    outs = []
+    for given in (paths, None):
+        cache = KVCache("routed", T, window, 1)
+        layer_attention(q[:, :, :10], k[:, :, :10], v[:, :, :10], "routed", window, 1, mode="sparse",
+                        route=lambda l, t: (hard[:, :, :10], hard[:, :, :10].double(), None),
+                        sees_local=sees_local, cache=cache, paths=given)
+        outs.append(layer_attention(q[:, :, 10:], k[:, :, 10:], v[:, :, 10:], "routed", window, 1,
+                                    route=decode_route, sees_local=sees_local, cache=cache, paths=given))
+    a, b = outs
+    assert torch.equal(a.y, b.y) and torch.equal(a.hard, b.hard) and a.keys.item() == b.keys.item()
+    # every head its window and sink, the global decisions (head 0's all) every key
+    want = B * H * keys_read("local", T, window, 1)[10:].sum() + (a.hard.sum((0, 1)) * torch.arange(11, T + 1)).sum()
+    assert a.keys.item() == want.item()
+    assert a.hard[:, 0].all() and not a.hard[:, 1].any()
