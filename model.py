@@ -83,6 +83,7 @@ class GPTOutput:
     seq_len: int = 0
     routed_mode: str = "exact"      # the mode routed layers ran in (forced-global steps run 'exact')
     attention_keys: list = field(default_factory=list)  # per layer: query-key pairs its kernels computed
+    paths: list = field(default_factory=list)  # per layer: its heads' committed paths (Attention.paths), or None
 
 
 @dataclass(frozen=True)
@@ -241,13 +242,24 @@ class Attention(nn.Module):
             inputs = x if token is None else x[:, token:token + 1]
             return self.route(inputs, threshold, force, local, cache, chosen)
 
-        # a committed head computes only its path (a forced call's decisions are not the committed ones)
-        paths = self.router.paths if self.router is not None and force is None else None
         out = layer_attention(q, k, v, self.kind, cfg.window, cfg.n_sink, route=route,
                               sees_local=self.router is not None and cfg.router_sees_local, mode=mode,
-                              backend=cfg.attention_backend, cache=cache, paths=paths)
+                              backend=cfg.attention_backend, cache=cache, paths=self.paths(force))
         y = out.y.transpose(1, 2).reshape(B, T, C)
         return self.dropout(self.proj(y)), out.hard, out.p, out.keys
+
+    def paths(self, force=None):
+        """Per head, the path it is fixed to, which is all it computes (kernels/layer.py): -1 routed, 0 local, 1
+        global; None where every head is routed. A committed head's (Router.committed), or random routing's
+        head whose rate is 0 or 1 (a fixed layout, e.g. one always-global head); None in a forced call, whose
+        decisions are not those."""
+        if self.kind != "routed" or force is not None:
+            return None
+        if self.router is not None:
+            return self.router.paths if any(path >= 0 for path in self.router.paths) else None
+        q = self.config.random_global_q
+        q = q[self.layer] if isinstance(q, list) else q
+        return tuple(int(rate) for rate in q) if isinstance(q, list) and set(q) <= {0, 1} else None
 
     def route(self, x, threshold, force, local=None, cache=None, chosen=None):
         """(hard gate, STE gate, p) for routed layers, (None, None, None) otherwise. cache: a generation's
@@ -350,7 +362,7 @@ class GPT(nn.Module):
         else:
             cos, sin = self.rope_cos[start:start + T], self.rope_sin[start:start + T]
         x = self.drop(x)
-        gates, probs, keys = [], [], []
+        gates, probs, keys, paths = [], [], [], []
         chosen = self.chosen_heads()
         for i, block in enumerate(self.blocks):
             x, hard, p, layer_keys = block(x, cos, sin, mode, routing.threshold, routing.forced(i),
@@ -358,15 +370,16 @@ class GPT(nn.Module):
             gates.append(hard)
             probs.append(p)
             keys.append(layer_keys)
+            paths.append(block.attn.paths(routing.forced(i)))
         x = self.ln_f(x)
         if targets is None:
             return GPTOutput(logits=self.lm_head(x[:, -1:]), gates=gates, probs=probs, seq_len=T, routed_mode=mode,
-                             attention_keys=keys)
+                             attention_keys=keys, paths=paths)
         logits = self.lm_head(x)
         lm_loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
         layer_p = [p.mean() for p in probs if p is not None]
         layer_p = torch.stack(layer_p) if layer_p else lm_loss.new_zeros(1)
-        return GPTOutput(logits, lm_loss, layer_p, gates, probs, T, mode, keys)
+        return GPTOutput(logits, lm_loss, layer_p, gates, probs, T, mode, keys, paths)
 
     def routers(self):
         """The learned routers, in layer order."""

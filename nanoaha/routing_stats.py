@@ -49,7 +49,9 @@ def routing_stats(output, config, mode=None):
     local_keys = keys_read("local", T, config.window, config.n_sink, device).float()
     counted = mode or output.routed_mode
     global_frac, mean_p, ideal, computed, ran = [], [], [], [], []
-    for kind, hard, p, keys in zip(config.kinds, output.gates, output.probs, output.attention_keys):
+    paths = output.paths or [None] * len(config.kinds)
+    for kind, hard, p, keys, layer_paths in zip(config.kinds, output.gates, output.probs, output.attention_keys,
+                                                paths):
         if kind == "routed":
             g = hard.float()  # (B, H, T)
             frac = g.mean(dim=(0, 2))
@@ -59,7 +61,8 @@ def routing_stats(output, config, mode=None):
             ideal_keys = (dense_keys if kind == "dense" else local_keys).sum()
         ran_keys = keys / pairs  # what the pass's kernels computed (kernels/layer.py), per (sequence, head)
         computed_keys = ran_keys if counted == output.routed_mode or kind != "routed" else \
-            sequence_keys(kind, hard, counted, T, config.window, config.n_sink, device=device) / pairs  # another mode's
+            sequence_keys(kind, hard, counted, T, config.window, config.n_sink, device=device,
+                          paths=layer_paths) / pairs  # another mode's
         global_frac.append(frac)
         mean_p.append(p.float().mean(dim=(0, 2)) if p is not None else torch.full((H,), math.nan, device=device))
         ideal.append(ideal_keys / dense_keys.sum())

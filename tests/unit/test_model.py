@@ -634,3 +634,32 @@ def test_the_head_budget_makes_the_k_heads_of_highest_bias_global_over_every_lay
 def test_the_head_budget_needs_learned_per_head_routers_and_at_most_the_routed_heads(overrides):
     with pytest.raises(ValueError, match="router_global_heads"):
         small_config(schedule="RL", **{"router_global_heads": 1, **overrides})
+
+
+@pytest.mark.parametrize("layout", ["committed", "random"])
+def test_a_fixed_layout_computes_what_it_decides_in_training_and_in_the_statistics(layout):
+    """Every head of the routed layer fixed (committed, or random routing at rates 0 and 1): in exact mode, the
+    pass computes only each head's path, so the computed attention FLOPs equal the ideal ones, in the pass and
+    in routing_stats' count of the trained mode from an evaluation pass (sparse); a forced call splits nothing."""
+    torch.manual_seed(0)
+    if layout == "committed":
+        model = GPT(small_config(schedule="LR", router_per_token=False))
+        for head, path in enumerate((1, 0)):
+            model.blocks[1].attn.router.commit(head, path)
+    else:
+        model = GPT(small_config(schedule="LR", routing="random", random_global_q=[0.0, [1.0, 0.0]]))
+    assert model.blocks[1].attn.paths() == (1, 0) and model.blocks[1].attn.paths("global") is None
+    x = tokens()
+    out = model(x, x, Routing(mode="exact"))
+    T, w = x.shape[1], model.config.window
+    expected = x.shape[0] * (keys_read("dense", T, w, 0).sum() + keys_read("local", T, w, 0).sum())
+    assert out.attention_keys[1] == expected and out.paths == [None, (1, 0)]
+    stats = routing_stats(out, model.config)
+    torch.testing.assert_close(stats["computed_flop_frac"], stats["ideal_flop_frac"])
+    with torch.no_grad():
+        evaluated = model(x, x)
+    stats = routing_stats(evaluated, model.config, mode="exact")
+    torch.testing.assert_close(stats["computed_flop_frac"], stats["ideal_flop_frac"])
+    forced = model(x, x, Routing(force="global", mode="exact"))
+    assert forced.paths == [None, None]
+    assert forced.attention_keys[1] == sequence_keys("routed", forced.gates[1], "exact", T, w, 0) > expected
