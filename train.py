@@ -567,7 +567,11 @@ def evaluate_and_save(run, final=False):
         tqdm.write(f"step {it}: val loss {val_loss:.4f} (key tokens {fixed(losses['key_loss'])}, other "
                    f"{fixed(losses['other_loss'])}){copy} | {format_routing(stats)}")
         if finite:
-            warn_collapse(stats, mcfg.kinds, tcfg.collapse_frac, it)
+            # a layer whose heads all committed decided its path: no collapse
+            decided = [paths is not None and -1 not in paths for paths in
+                       (block.attn.paths() for block in run.raw_model.blocks)]
+            warn_collapse(stats, [kind if not d else "decided" for kind, d in zip(mcfg.kinds, decided)],
+                          tcfg.collapse_frac, it)
             run.logger.scalars(it, stability_scalars(stability, flips))
             run.logger.evaluation(it, losses, stats, run.raw_model, run.val_batches[0][0].to(run.device),
                                   run.data.meta, run.autocast, head_history=run.head_history)

@@ -170,8 +170,10 @@ def tensorboard_scalars(prefix, stats, kinds):
 
 
 def collapsed_layers(stats, kinds, threshold):
-    """Routed layers whose global fraction (heads averaged) is below threshold."""
-    return [i for i, kind in enumerate(kinds) if kind == "routed" and stats["global_frac"][i].mean().item() < threshold]
+    """Routed layers with learned routers (random routing has no p: its rate is a setting, not a collapse) whose
+    global fraction (heads averaged) is below threshold."""
+    return [i for i, kind in enumerate(kinds) if kind == "routed" and not stats["mean_p"][i].isnan().all()
+            and stats["global_frac"][i].mean().item() < threshold]
 
 
 def warn_collapse(stats, kinds, threshold, step):

@@ -257,7 +257,7 @@ def test_router_token_from_iter_decides_per_head_first_then_per_token(tmp_path, 
                                         router_per_token=False))
 
 
-def test_heads_commit_in_training_and_a_resume_keeps_their_streaks_exactly(tmp_path, tiny_corpus):
+def test_heads_commit_in_training_and_a_resume_keeps_their_streaks_exactly(tmp_path, tiny_corpus, capsys):
     """router_commit_after=8 with a penalty that sends every per-head router local after step 0 (at init every
     head is global): the heads commit at step 8 (8 steps all local), after a resume at step 6 as in a straight run: same losses, same commits,
     the checkpoint's model holds them and evaluation runs them."""
@@ -267,6 +267,7 @@ def test_heads_commit_in_training_and_a_resume_keeps_their_streaks_exactly(tmp_p
     summary = json.load(open(tmp_path / "a" / "out" / "train_summary.json"))
     assert summary["commit_history"] == [[8, layer, head, 0] for layer in range(2) for head in range(2)]
     assert summary["routed_global_frac"] == 0.0
+    assert "router collapse" not in capsys.readouterr().out  # layers whose heads all committed local decided it
     train.train(*tiny_train_configs(tmp_path / "b", tiny_corpus, max_iters=6, **common))
     resumed = train.train(*tiny_train_configs(tmp_path / "b", tiny_corpus, max_iters=12, init_from="resume",
                                               **common))

@@ -97,9 +97,9 @@ def test_learning_rate_warms_up_then_decays_between_its_bounds():
 
 
 def test_collapse_is_reported(capsys):
-    kinds = ["routed", "routed", "local"]
-    stats = {"global_frac": torch.tensor([[0.0, 0.001], [0.3, 0.2], [0.0, 0.0]]),
-             "mean_p": torch.tensor([[0.01, 0.02], [0.4, 0.3], [float("nan")] * 2])}
+    kinds = ["routed", "routed", "local", "routed"]  # the last: random routing at rate 0 (no p), no collapse
+    stats = {"global_frac": torch.tensor([[0.0, 0.001], [0.3, 0.2], [0.0, 0.0], [0.0, 0.0]]),
+             "mean_p": torch.tensor([[0.01, 0.02], [0.4, 0.3], [float("nan")] * 2, [float("nan")] * 2])}
     assert warn_collapse(stats, kinds, 0.005, step=250) == [0]
     assert "router collapse in layer(s) 0 (0.05% global" in capsys.readouterr().out
 
