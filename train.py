@@ -72,7 +72,8 @@ class Run:
     val_history: list = field(default_factory=list)  # [step, val loss] of every evaluation
     key_history: list = field(default_factory=list)  # [step, key-token loss, other tokens' loss] of every evaluation
     head_history: list = field(default_factory=list)  # [step, per layer and head global fraction] of every evaluation
-    copy_history: list = field(default_factory=list)  # [step, copy gain, per layer strongest induction score]
+    # [step, copy gain, per layer strongest induction score, per layer and head scores (copy_probe.HEAD_SCORES)]
+    copy_history: list = field(default_factory=list)
     # [step, flicker, margin, near, per-head flips per step] of every evaluation (routing_stats.decision_stability;
     # flips: the share of steps since the last evaluation whose per-head decision differed from the step before)
     decision_history: list = field(default_factory=list)
@@ -558,10 +559,13 @@ def evaluate_and_save(run, final=False):
     run.last_eval = {**losses, "routing": stats}
     copy = ""
     if run.probe_sequences is not None and finite:  # rank 0 only (setup); no collective inside
-        gain, induction = probe_during_training(run.raw_model, run.probe_sequences, run.autocast)
-        record_at(run.copy_history, [it, gain, induction])
+        gain, induction, heads = probe_during_training(run.raw_model, run.probe_sequences, run.autocast)
+        record_at(run.copy_history, [it, gain, induction, heads])
         run.logger.scalars(it, {"val/copy_gain": gain, **{f"val_probe/induction_max/layer{i}": v for i, (v, kind)
-                                                          in enumerate(zip(induction, mcfg.kinds)) if kind != "local"}})
+                                                          in enumerate(zip(induction, mcfg.kinds)) if kind != "local"},
+                                **{f"val_probe_heads/{score}/layer{i}_head{h}": value
+                                   for score in ("previous", "induction") for i, layer in enumerate(heads[score])
+                                   for h, value in enumerate(layer)}})
         copy = f" | copy gain {gain:+.3f}"
     if run.master:
         tqdm.write(f"step {it}: val loss {val_loss:.4f} (key tokens {fixed(losses['key_loss'])}, other "

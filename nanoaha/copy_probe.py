@@ -173,9 +173,14 @@ def training_spans(data, block_size, window, n_spans):
     return probe_sequences(tokens, span, n_spans) if n_spans else None
 
 
+HEAD_SCORES = ("previous", "induction", "global")  # what training keeps per layer and head at each evaluation
+
+
 def probe_during_training(model, sequences, autocast=None):
-    """(copy gain, [each layer's strongest induction score]) of the model now, on a forked RNG seeded 0 (random
-    routing neither moves training's RNG nor varies between evaluations); the model's mode is restored."""
+    """(copy gain, [each layer's strongest induction score], {score: [[one per head] per layer]} for HEAD_SCORES)
+    of the model now, on a forked RNG seeded 0 (random routing neither moves training's RNG nor varies between
+    evaluations); the model's mode is restored. The per-head scores say when a head gains or loses its function
+    (a local previous-token head, a copy head) along training."""
     was_training = model.training
     model.eval()
     devices = [sequences.device] if sequences.device.type == "cuda" else []
@@ -185,4 +190,5 @@ def probe_during_training(model, sequences, autocast=None):
             result = copy_probe(model, sequences, autocast=autocast)
     finally:
         model.train(was_training)
-    return result["copy_gain"], [max(layer["induction"]) for layer in result["layers"]]
+    heads = {score: [layer[score] for layer in result["layers"]] for score in HEAD_SCORES}
+    return result["copy_gain"], [max(layer["induction"]) for layer in result["layers"]], heads

@@ -205,9 +205,13 @@ def test_the_repeat_probe_runs_at_every_evaluation_without_moving_training(tmp_p
     with open(tmp_path / "probed" / "out" / "train_summary.json") as f:
         summary = json.load(f)
     history = summary["copy_history"]
-    assert [step for step, _, _ in history] == [0, 20, 40]  # every evaluation
-    assert all(math.isfinite(gain) and len(induction) == 2 for _, gain, induction in history)
+    assert [step for step, *_ in history] == [0, 20, 40]  # every evaluation
+    assert all(math.isfinite(gain) and len(induction) == 2 for _, gain, induction, _ in history)
     assert history[0][2][0] == 0.0  # layer 0 is local: nothing beyond its window (span 16 > window 8)
+    heads = history[-1][3]  # per layer and head: previous-token, induction, global share
+    assert set(heads) == {"previous", "induction", "global"} and all(len(layer) == 2 for layer in heads["previous"])
+    assert heads["global"][0] == [0.0, 0.0] and heads["induction"][0] == [0.0, 0.0]  # the local layer
+    assert max(heads["induction"][1]) == history[-1][2][1] and 0.0 < heads["global"][1][0] < 1.0
     assert f"step 40: val loss {summary['val_loss']:.4f}" in printed and f"copy gain {history[-1][1]:+.3f}" in printed
     unprobed = train.train(*tiny_train_configs(tmp_path / "unprobed", tiny_corpus, probe_spans=0, **common))
     assert unprobed["losses"] == probed["losses"] and unprobed["val_loss"] == probed["val_loss"]
