@@ -14,7 +14,7 @@ PREPARERS = ["data/prepare.py", "data/python_stdlib/prepare.py", "data/shakespea
              "data/shakespeare_char/prepare.py", "data/fineweb_edu/prepare.py", "data/synthetic/prepare.py"]
 BENCHMARKS = ["bench/train_speed.py", "bench/generate.py", "bench/attention.py", "bench/cpu_attention.py",
               "bench/compile_kernels.py", "bench/ddp_exit.py", "bench/step_profile.py", "bench/grid_cores.py",
-              "bench/committed_heads.py"]
+              "bench/committed_heads.py", "bench/layout_speed.py"]
 
 
 @pytest.mark.parametrize("script", SCRIPTS + PREPARERS + BENCHMARKS)
