@@ -12,6 +12,8 @@ interrupted ones, evaluates each checkpoint with evaluate.py, and writes the rec
 README.md (question, command, budget, table, final log lines), table.md, rows.json (every number of the table
 and the plots, per seed), the grid file and the plots.
 --dry_run prints the plan: each run's command and whether it will be trained, resumed or skipped.
+--partial writes the record of the runs finished so far and trains nothing (a grid that spans sessions: stop
+the runner, record, commit; the same command without --partial resumes); the table names the others.
 A record keeps each finished run's small files (runs/RUN__seed_S/: summary, evaluation, launches, log; no
 checkpoint); --from_record=RECORD takes them back into run folders that do not exist, so a grid grown in a
 later session trains only its new runs (nanoaha/grid/kept.py); a run the record did not keep as files but has in
@@ -51,6 +53,7 @@ class CompareConfig:
     from_record: str = ""         # a record of this grid: its kept runs fill the run folders that do not exist
     headline: str = ""            # a record of this grid: print its headline table (the grid file's headline rows)
     redraw: str = ""              # a record: draw its plots again from its rows.json and its copy of the grid file
+    partial: bool = False         # record the runs finished so far, training nothing (a grid that spans sessions)
 
 
 def log_tail(path, n=3):
@@ -282,18 +285,26 @@ def stop_grid(signum, frame):
         runner.request_stop()
 
 
+PARTIAL_STATES = {"resume": "stopped short of its steps: a later run of the grid resumes it",
+                  "train": "not started"}
+
+
 def run_grid(grid, jobs, cfg, argv, taken=None):
     """Train and evaluate the jobs (but those whose numbers are taken from a record), write the record; the exit
     code."""
     taken = taken or {}
     to_run = [job for job in jobs if job.key not in taken]
-    for job in to_run:
-        train_state(job, grid, cfg.out)  # refuses run folders trained with another command, before any run
+    states = {job.key: train_state(job, grid, cfg.out) for job in to_run}  # refuses run folders trained with
+    not_run = {}                                                             # another command, before any run
+    if cfg.partial:  # finished runs only (the runner evaluates any not evaluated yet); the others are listed
+        not_run = {job.key: f"not finished ({PARTIAL_STATES[states[job.key]]})" for job in to_run
+                   if states[job.key] != "skip"}
+        to_run = [job for job in to_run if job.key not in not_run]
     started = time.time()
     previous = {sig: signal.signal(sig, stop_grid) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         status = runner.run_jobs(to_run, grid, cfg.out, cfg.jobs, threads=cfg.threads,
-                                 done={key: "ok" for key in taken})
+                                 done={**{key: "ok" for key in taken}, **not_run})
     finally:  # a caller in this process (a test, a notebook) keeps its own handlers afterwards
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -251,3 +251,28 @@ def test_a_layout_learned_per_head_continues_fixed_from_its_checkpoint(tmp_path,
     heads = json.load(open(os.path.join(first.out_dir, "eval.json")))["global_frac_per_head"]
     trained = next(a for a in launches(fixed.out_dir)[0]["argv"] if a.startswith("--random_global_q="))
     assert trained == f"--random_global_q={heads}" and all(q in (0.0, 1.0) for layer in heads for q in layer)
+
+
+def test_a_partial_record_holds_the_finished_runs_and_names_the_others_without_training(tmp_path, tiny_corpus):
+    """--partial: a grid whose second run has not started and whose third stopped short records the first
+    alone, trains nothing, and its table says what is missing; the same command without it then finishes."""
+    out, records = str(tmp_path / "out"), str(tmp_path / "results")
+    runs = {"local": {"schedule": "L"}, "routed": {"schedule": "R"}, "dense": {"schedule": "G"}}
+    common = {**TINY, "data_dir": str(tiny_corpus)}
+    path = write_grid(tmp_path / "three.py", {"local": runs["local"]}, common)
+    assert compare.main([path, "--jobs=1", f"--out={out}", f"--record_dir={records}"]) == 0
+    shutil.rmtree(records)
+    path = write_grid(tmp_path / "three.py", runs, common)
+    jobs = {job.run: job for job in plan(load_grid(path), out)}
+    # dense stopped at step 3 of 6: its checkpoint stays, as a stopped run leaves it
+    run_script("train.py", "configs/quickstart.py", *[f"--{k}={v}" for k, v in {**common, "schedule": "G",
+                                                                                  "max_iters": 3}.items()],
+               f"--out_dir={jobs['dense'].out_dir}", "--seed=1")
+    assert compare.main([path, "--jobs=1", f"--out={out}", f"--record_dir={records}", "--partial"]) == 1
+    assert not os.path.exists(jobs["routed"].out_dir)  # nothing trained
+    assert json.load(open(os.path.join(jobs["dense"].out_dir, "train_summary.json")))["iter_num"] == 3
+    (record,) = os.listdir(records)
+    table = open(os.path.join(records, record, "table.md")).read()
+    assert "0 of 1 (seed 1 not finished (not started))" in table
+    assert "0 of 1 (seed 1 not finished (stopped short of its steps" in table and "**Incomplete**" in table
+    assert table_cells(table)["local"][0] == "local"
