@@ -11,7 +11,8 @@ USER_ENV = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
 
 SCRIPTS = ["train.py", "sample.py", "evaluate.py", "prune.py", "probe.py", "compare.py"]
 PREPARERS = ["data/prepare.py", "data/python_stdlib/prepare.py", "data/shakespeare/prepare.py",
-             "data/shakespeare_char/prepare.py", "data/fineweb_edu/prepare.py", "data/synthetic/prepare.py"]
+             "data/shakespeare_char/prepare.py", "data/fineweb_edu/prepare.py", "data/synthetic/prepare.py",
+             "data/english_docs/prepare.py"]
 BENCHMARKS = ["bench/train_speed.py", "bench/generate.py", "bench/attention.py", "bench/cpu_attention.py",
               "bench/compile_kernels.py", "bench/ddp_exit.py", "bench/step_profile.py", "bench/grid_cores.py",
               "bench/committed_heads.py", "bench/layout_speed.py"]
