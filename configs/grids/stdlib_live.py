@@ -68,6 +68,16 @@ runs = {
                               "random_global_q": "matched_heads:per_head_one_head_first_800",
                               "init_from": "run:per_head_one_head_first_800", "max_iters": _MAX_ITERS - 800,
                               "warmup_iters": 0, "learning_rate": 9.55e-4, "seeds": [1, 2]},
+    # ... and the control of that control: the fixed row itself stopped at step 800 and restarted the same way
+    # (a fresh optimizer from its checkpoint, the learning rate's cosine from its step-800 value): does the restart
+    # alone keep a copy head from growing?
+    "LR_one_global_head_first_800": {"schedule": "LR", "routing": "random",
+                                     "random_global_q": [0.0, [1.0, 0.0, 0.0, 0.0]], "max_iters": 800,
+                                     "lr_decay_iters": _MAX_ITERS, "seeds": [1]},
+    "LR_one_global_head_from_800": {"schedule": "LR", "routing": "random",
+                                    "random_global_q": [0.0, [1.0, 0.0, 0.0, 0.0]],
+                                    "init_from": "run:LR_one_global_head_first_800", "max_iters": _MAX_ITERS - 800,
+                                    "warmup_iters": 0, "learning_rate": 9.55e-4, "seeds": [1]},
     "LR": {"schedule": "LR", "router_lambda": 0.01},
     "LR_per_head": {"schedule": "LR", "router_per_token": False, "router_lambda": 0.01, "seeds": [1, 2]},
     "routed_at_LG_init_local": {"schedule": "R", "router_target_global": 0.5, "router_init_bias": -3.0,
@@ -123,6 +133,8 @@ comparisons = {
         ("fixed_layout_from_800", "LR_one_global_head"),
     "the layout per-head routing found, fixed from step 800, vs learned throughout":
         ("fixed_layout_from_800", "routed_per_head_one_head"),
+    "one fixed global head, restarted at step 800 as the diagnosis is, vs not restarted":
+        ("LR_one_global_head_from_800", "LR_one_global_head"),
 }
 headline = {"reference": "LG", "runs": {
     "dense": "dense attention in both layers",
