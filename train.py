@@ -563,8 +563,10 @@ def evaluate_and_save(run, final=False):
         record_at(run.copy_history, [it, gain, induction, heads])
         run.logger.scalars(it, {"val/copy_gain": gain, **{f"val_probe/induction_max/layer{i}": v for i, (v, kind)
                                                           in enumerate(zip(induction, mcfg.kinds)) if kind != "local"},
-                                **{f"val_probe_heads/{score}/layer{i}_head{h}": value
+                                # per head, one section per layer; previous-token scores of local layers too
+                                **{f"val_probe_{score}_layer{i}/head{h}": value
                                    for score in ("previous", "induction") for i, layer in enumerate(heads[score])
+                                   if score == "previous" or mcfg.kinds[i] != "local"
                                    for h, value in enumerate(layer)}})
         copy = f" | copy gain {gain:+.3f}"
     if run.master:

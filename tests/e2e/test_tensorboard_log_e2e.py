@@ -40,7 +40,11 @@ def test_training_writes_every_view_with_sane_values(tmp_path, tiny_corpus, monk
 
     assert [e.step for e in acc.Scalars("val/loss")] == eval_steps
     assert acc.Scalars("val/loss")[-1].value == pytest.approx(result["val_loss"])
-    assert not [t for t in tags["scalars"] if "_heads/" in t or "layer1" in t]  # grouped; the local layer has none
+    # grouped per layer; the local layer has none but its heads' previous-token scores (the repeat probe's)
+    assert not [t for t in tags["scalars"] if "_heads/" in t or "layer1" in t and "val_probe_previous" not in t]
+    assert [acc.Scalars(f"val_probe_previous_layer1/head{h}")[-1].step for h in range(2)] == [2, 2]
+    assert "val_probe_induction_layer2/head1" in tags["scalars"] and "val_probe_induction_layer1/head0" not in \
+        tags["scalars"]
     assert [e.step for e in acc.Scalars("val/copy_gain")] == eval_steps  # the repeat probe: layers that read far
     assert sorted(t for t in tags["scalars"] if t.startswith("val_probe/")) == [
         "val_probe/induction_max/layer0", "val_probe/induction_max/layer2"]
