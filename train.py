@@ -248,7 +248,8 @@ def setup(tcfg, mcfg, ddp, rank, world, device):
     model = GPT(mcfg).to(device)
     n_routers = sum(block.attn.router is not None for block in model.blocks)
     controller = LambdaController(tcfg, n_routers) if tcfg.router_target_global > 0 else None
-    committer = HeadCommitter(tcfg, model.routers()) if tcfg.router_commit_after > 0 else None
+    committer = HeadCommitter(tcfg, model.routers(), mcfg.router_global_heads) \
+        if tcfg.router_commit_after > 0 else None
     if tcfg.trainable == "router":
         for name, param in model.named_parameters():
             param.requires_grad_(".router." in name)

@@ -90,17 +90,19 @@ class HeadCommitter:
     """router_commit_after=K: a routed head whose decisions were all global (its share of the step's tokens
     >= 1 - router_commit_tol) on each of K steps in a row, or all local (<= router_commit_tol), commits to that
     path: model.Router.commit, after which its router no longer decides for it (and the kernels compute only
-    that path). Under a budget (router_target_global, the share of the routed heads it buys) no more heads
-    commit global than it buys, and no more commit local than leaves it reachable (committed global heads plus
-    undecided ones). streak: per router and head, + steps all global in a row, - steps all local."""
+    that path). Under a budget (router_target_global: the share of the routed heads it buys; or global_heads,
+    the model's router_global_heads) no more heads commit global than it buys, and no more commit local than
+    leaves it reachable (committed global heads plus undecided ones). streak: per router and head, + steps all
+    global in a row, - steps all local."""
 
-    def __init__(self, cfg, routers):
+    def __init__(self, cfg, routers, global_heads=0):
         self.after, self.tol, self.start = cfg.router_commit_after, cfg.router_commit_tol, commit_start(cfg)
         self.routers = routers
         n_heads = sum(len(router.paths) for router in routers)
-        budget = cfg.router_target_global > 0
-        self.max_global = round(cfg.router_target_global * n_heads) if budget else n_heads
-        self.min_global = self.max_global if budget else 0
+        bought = global_heads or round(cfg.router_target_global * n_heads)
+        budget = global_heads > 0 or cfg.router_target_global > 0
+        self.max_global = bought if budget else n_heads
+        self.min_global = bought if budget else 0
         self.streak = torch.zeros(len(routers), len(routers[0].paths) if routers else 0, dtype=torch.long)
 
     def update(self, it, head_fracs):

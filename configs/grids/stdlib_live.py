@@ -57,6 +57,9 @@ runs = {
                                     "router_lambda": 0.0, "seeds": [1, 2]},
     "routed_head_budget_at_LG": {"schedule": "R", "router_per_token": False, "router_global_heads": 4,
                                  "router_lambda": 0.0, "seeds": [1, 2]},
+    # ... and with commits, so that a run whose heads committed trains at its layout's cost
+    "routed_head_budget_one_head_commit": {"schedule": "R", "router_per_token": False, "router_global_heads": 1,
+                                           "router_lambda": 0.0, "router_commit_after": 250, "seeds": [1, 2]},
     # diagnosis: per-head routing at one head's cost settles on the fixed row's layout near step 800 yet grows no
     # copy head. Its first 800 steps again (the same schedule and batches), then that layout fixed for the other
     # 4200 steps (random routing at the per-head fractions of its step-800 evaluation, 0 or 1; the learning rate
@@ -125,6 +128,10 @@ comparisons = {
         ("routed_per_head_one_head_commit", "LR_one_global_head"),
     "at one head's cost, a budget of one head vs one fixed global head":
         ("routed_head_budget_one_head", "LR_one_global_head"),
+    "at one head's cost, a budget of one head whose heads commit vs one fixed global head":
+        ("routed_head_budget_one_head_commit", "LR_one_global_head"),
+    "a budget of one head: heads that commit vs not": ("routed_head_budget_one_head_commit",
+                                                       "routed_head_budget_one_head"),
     "LR: per-head vs per-token routers": ("LR_per_head", "LR"),
     "LR with per-head routers vs one fixed global head": ("LR_per_head", "LR_one_global_head"),
     "at one head's cost, learned per-head routing vs one fixed global head":

@@ -317,3 +317,24 @@ def test_no_more_heads_commit_local_than_leaves_the_budget_reachable():
     for it in range(3, 5):
         made = committer.update(it, torch.tensor([[0.0, 0.0], [0.0, 1.0]]))
     assert made == [(1, 1, 1)]
+
+
+def test_with_a_budget_of_heads_its_heads_commit_and_the_rest_commit_local():
+    """router_global_heads=1 (no lambda target): the head the budget keeps global commits global, the others
+    local, and no second head commits global; the last undecided head that could still carry the budget stays."""
+    model = committer_model(router_per_token=False, router_global_heads=1)
+    committer = HeadCommitter(TrainConfig(router_commit_after=2, router_lambda_ramp=0), model.routers(),
+                              global_heads=1)
+    for it in range(2):
+        made = committer.update(it, torch.tensor([[1.0, 0.0], [1.0, 0.0]]))  # two heads all global (cannot both)
+    assert made == [(0, 0, 1), (0, 1, 0), (1, 1, 0)]
+    assert [r.paths for r in model.routers()] == [(1, 0), (-1, 0)]
+    model.routers()[1].committed.fill_(-1)
+    model.routers()[1]._read_paths()
+    model.routers()[0].committed.fill_(-1)
+    model.routers()[0]._read_paths()
+    committer = HeadCommitter(TrainConfig(router_commit_after=2, router_lambda_ramp=0), model.routers(),
+                              global_heads=1)
+    for it in range(2):
+        made = committer.update(it, torch.zeros(2, 2))
+    assert sum(path == -1 for r in model.routers() for path in r.paths) == 1
