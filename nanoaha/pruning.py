@@ -26,14 +26,19 @@ def layers_to_prune(global_frac_per_layer, kinds, min_global_frac):
 
 
 def prune_checkpoint(ckpt, layers, record=None):
-    """The checkpoint with `layers` turned local: schedule letter L, router weights dropped."""
-    letters = list(GPTConfig(**ckpt["model_config"]).layer_letters)
+    """The checkpoint with `layers` turned local: schedule letter L, router weights dropped. A budget of heads
+    (router_global_heads) keeps its count where routed heads are left for it (a pruned layer had almost none of
+    the budget's heads), and goes where none are."""
+    config = GPTConfig(**ckpt["model_config"])
+    letters = list(config.layer_letters)
     for i in layers:
         letters[i] = "L"
+    routed_heads = letters.count("R") * config.n_head
     dropped = tuple(f"blocks.{i}.attn.router." for i in layers)
     return {**ckpt, "model": {k: v for k, v in ckpt["model"].items() if not k.startswith(dropped)},
-            "model_config": {**ckpt["model_config"], "schedule": "".join(letters)}, "optimizer": None,
-            "pruned": {"layers": list(layers), **(record or {})}}
+            "model_config": {**ckpt["model_config"], "schedule": "".join(letters),
+                             "router_global_heads": min(config.router_global_heads, routed_heads)},
+            "optimizer": None, "pruned": {"layers": list(layers), **(record or {})}}
 
 
 REPLACED_RUN_FILES = (BEST_NAME, "train_summary.json", "eval.json")  # another run's, in a replaced out_dir

@@ -149,3 +149,19 @@ def test_count_gates_scores_each_head_and_the_layer_against_labels_by_hand():
     assert report[1, 0] == (0.5, 0.5, 1.0)     # global at 0 (key) and 2 (not key)
     assert report[1, 1] == (0.5, 0.0, 0.0)     # global at 2 (not key) and 3 (unknown); misses the key at 0
     assert report[1, "any"] == (0.75, 0.5, 1.0)
+
+
+def test_a_model_with_a_budget_of_heads_and_committed_heads_is_evaluated_and_pruned(tmp_path, prepared_corpus):
+    """router_global_heads: the KV-cache comparison's dense model has no routed heads for the budget (the
+    evaluation that ended a grid run); pruning a layer keeps the budget where routed heads are left and drops it
+    where none are."""
+    path = untrained_checkpoint(tmp_path / "run", prepared_corpus, schedule="R", router_per_token=False,
+                                router_global_heads=1)
+    result = evaluation.evaluate_checkpoint(path, eval_tokens=32 * 4, batch_size=2, thresholds=(0.5,))
+    assert result["global_frac"] == pytest.approx(0.25)  # one of the four routed heads
+    assert result["kv_cache_bytes"] == result["kv_cache_bytes_dense"]
+    ckpt = load_checkpoint(path, "cpu")
+    assert prune_checkpoint(ckpt, [1])["model_config"]["router_global_heads"] == 1
+    pruned = prune_checkpoint(ckpt, [0, 1])["model_config"]
+    assert pruned["schedule"] == "LL" and pruned["router_global_heads"] == 0
+    GPTConfig(**pruned)  # a valid model
