@@ -151,6 +151,8 @@ headline = {"reference": "LG", "runs": {
     "routed_at_LG": "learned per-token routing, every layer, at LG's cost (half the decisions global)",
     "routed_per_head_at_LG": "learned per-head routing (one decision per head), at LG's cost",
     "routed_per_head_one_head": "learned per-head routing at one head's cost (1 of 8 decisions global)",
+    "routed_head_budget_one_head": "learned per-head routing, a budget of one head: the head of highest router "
+                                   "bias is global (no penalty)",
     "dense_then_routed": "2500 dense steps, then 2500 routed (lambda 0.01) on the next batches",
 }}
 evaluate = {"eval_tokens": 65536, "key_window": 32}
