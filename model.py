@@ -195,7 +195,7 @@ class Router(nn.Module):
             hard = p >= (self.config.router_threshold if threshold is None else threshold)
         if self.training and self.config.router_explore > 0:
             hard = hard | (torch.rand_like(p) < self.config.router_explore)
-        if self.paths != (-1,) * len(self.paths):  # a committed head's p is its path: no gradient, no penalty
+        if any(path >= 0 for path in self.paths):  # a committed head's p is its path: no gradient, no penalty
             fixed = (self.committed >= 0).view(1, -1, 1)
             path = (self.committed == 1).view(1, -1, 1)
             hard, p = torch.where(fixed, path, hard), torch.where(fixed, path.to(p.dtype), p)

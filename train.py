@@ -246,7 +246,7 @@ def setup(tcfg, mcfg, ddp, rank, world, device):
     torch.manual_seed(tcfg.seed + rank)
     generator = torch.Generator().manual_seed(tcfg.seed)
     model = GPT(mcfg).to(device)
-    n_routers = sum(block.attn.router is not None for block in model.blocks)
+    n_routers = len(model.routers())
     controller = LambdaController(tcfg, n_routers) if tcfg.router_target_global > 0 else None
     committer = HeadCommitter(tcfg, model.routers(), mcfg.router_global_heads) \
         if tcfg.router_commit_after > 0 else None
@@ -382,12 +382,11 @@ def commit_heads(run, out, force_global, held_local):
     moves the HeadCommitter; a forced step's decisions are not the routers'."""
     if run.committer is None or force_global or held_local:
         return
-    fracs = torch.stack([hard.float().mean((0, 2)) for hard, block in zip(out.gates, run.raw_model.blocks)
-                         if block.attn.router is not None])
+    layers = [i for i, block in enumerate(run.raw_model.blocks) if block.attn.router is not None]
+    fracs = torch.stack([out.gates[i].float().mean((0, 2)) for i in layers])
     if run.ddp:
         dist.all_reduce(fracs)
         fracs = fracs / run.world
-    layers = [i for i, block in enumerate(run.raw_model.blocks) if block.attn.router is not None]
     for router, head, path in run.committer.update(run.iter_num, fracs.cpu()):
         run.commit_history.append([run.iter_num, layers[router], head, path])
         if run.master:

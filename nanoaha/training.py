@@ -101,8 +101,7 @@ class HeadCommitter:
         n_heads = sum(len(router.paths) for router in routers)
         bought = global_heads or round(cfg.router_target_global * n_heads)
         budget = global_heads > 0 or cfg.router_target_global > 0
-        self.max_global = bought if budget else n_heads
-        self.min_global = bought if budget else 0
+        self.max_global, self.min_global = (bought, bought) if budget else (n_heads, 0)
         self.streak = torch.zeros(len(routers), len(routers[0].paths) if routers else 0, dtype=torch.long)
 
     def update(self, it, head_fracs):
@@ -113,7 +112,7 @@ class HeadCommitter:
         all_global, all_local = head_fracs >= 1.0 - self.tol, head_fracs <= self.tol
         self.streak = torch.where(all_global, self.streak.clamp(min=0) + 1,
                                   torch.where(all_local, self.streak.clamp(max=0) - 1, torch.zeros_like(self.streak)))
-        committed = torch.stack([router.committed.cpu() for router in self.routers]).long()
+        committed = torch.tensor([router.paths for router in self.routers])  # the buffers' mirror: no device sync
         n_global, n_open = int((committed == 1).sum()), int((committed == -1).sum())
         made = []
         for r, h in (committed == -1).nonzero().tolist():
