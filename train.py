@@ -92,6 +92,10 @@ class Run:
     wall_before: float | None = 0.0                  # training wall time behind the resumed checkpoint (None: unknown)
     train_time: float = 0.0                          # seconds in training steps (no evaluation), for tokens/s
     steps_timed: int = 0
+    # attention FLOPs relative to dense, ideal and computed, summed over the logged steps of the whole run (every
+    # log_interval-th, over resumes), and their count: what training cost where decisions changed (commits);
+    # None: unknown (resumed from a checkpoint that kept none)
+    flop_sums: list | None = field(default_factory=lambda: [0.0, 0.0, 0])
 
     @property
     def master(self):
@@ -196,6 +200,7 @@ def resume(run):
     if run.committer is not None and ckpt["commit_streak"] is not None:
         run.committer.streak = ckpt["commit_streak"]
     run.wall_before = ckpt["train_wall_s"]  # None: unknown (an old checkpoint kept no wall time)
+    run.flop_sums = ckpt["attention_flop_sums"]
     # what the folder holds, for the divergence message: the resumed checkpoint, the best of the earlier steps
     run.saved_step = run.iter_num if resumed_from == run.ckpt_path else None
     run.best_step = next((step for step, loss in run.val_history if loss == run.best_val), None)
@@ -315,6 +320,14 @@ def train_wall(run):
     return None if run.wall_before is None else run.wall_before + time.time() - run.started
 
 
+def mean_flop_fracs(sums):
+    """{'ideal', 'computed', 'logged_steps'}: the attention FLOPs relative to dense, mean over the run's logged
+    steps; None where unknown or none was logged."""
+    if sums is None or not sums[2]:
+        return None
+    return {"ideal": sums[0] / sums[2], "computed": sums[1] / sums[2], "logged_steps": sums[2]}
+
+
 def run_summary(run, final):
     """train_summary.json: where the run is and its latest evaluation (the grid runner reads it)."""
     routing = routing_summary(run.last_eval["routing"], run.mcfg.kinds)
@@ -328,6 +341,7 @@ def run_summary(run, final):
             "routed_global_frac": routing["global_frac"],
             "model_ideal_flop_frac": routing["attention_flop_frac_ideal"],
             "model_computed_flop_frac": routing["attention_flop_frac_computed"],
+            "attention_flop_frac_training": mean_flop_fracs(run.flop_sums),
             "global_frac_per_layer": routing["global_frac_per_layer"], "val_history": run.val_history,
             "key_history": run.key_history, "copy_history": run.copy_history, "decision_history": run.decision_history,
             "commit_history": run.commit_history,
@@ -495,7 +509,7 @@ def checkpoint_state(run):
             "key_history": run.key_history, "head_history": run.head_history, "copy_history": run.copy_history,
             "decision_history": run.decision_history, "commit_history": run.commit_history,
             "commit_streak": run.committer.streak if run.committer is not None else None,
-            "train_wall_s": train_wall(run),
+            "train_wall_s": train_wall(run), "attention_flop_sums": run.flop_sums,
             "router_lambda_state": run.controller.u if run.controller is not None else None,
             "data_meta": run.data.meta,
             "rng": {"torch": gathered(run, torch.get_rng_state()), "cuda": gathered(run, cuda),
@@ -598,6 +612,9 @@ def log_step(run, step, dt):
     if not run.master:
         return
     stats = mean_stats([r["stats"] for r in ranks])
+    if run.flop_sums is not None:
+        run.flop_sums = [run.flop_sums[0] + stats["model_ideal_flop_frac"].item(),
+                         run.flop_sums[1] + stats["model_computed_flop_frac"].item(), run.flop_sums[2] + 1]
     loss, lm_loss, penalty, mean_p = (sum(v) / len(ranks) for v in zip(*(r["losses"] for r in ranks)))
     eta, tok_s = dt * (tcfg.max_iters - run.iter_num), run.global_batch * mcfg.block_size / dt
     n_params, peak = run.raw_model.num_params(), tcfg.peak_flops or peak_flops(run.device, run.dtype)

@@ -47,6 +47,12 @@ def checkpoint_2(ckpt):
     return ckpt
 
 
+def checkpoint_3(ckpt):
+    """attention_flop_sums (2026-12-06): the attention FLOPs summed over the logged steps; unknown before."""
+    ckpt.setdefault("attention_flop_sums", None)
+    return ckpt
+
+
 def evaluation_0(result):
     """key_window (2026-12-04) was evaluated at its default, 0; data_dir was recorded absolute (a corpus in some
     checkout's data/ folder reads as that path relative to this one's root, so a record matches elsewhere)."""
@@ -79,14 +85,31 @@ def train_summary_2(summary):
     return summary
 
 
+def train_summary_3(summary):
+    """attention_flop_frac_training (2026-12-06): the attention FLOPs, mean over the run's logged steps; unknown
+    before (nanoaha/grid/tables.py reads them from the run's log lines instead)."""
+    summary.setdefault("attention_flop_frac_training", None)
+    return summary
+
+
 def rows_0(saved):
     """Records written before grids had comparisons (2026-12-02's stdlib_bytes and stdlib_bpe) have none."""
     saved.setdefault("comparisons", {})
     return saved
 
 
-MIGRATIONS = {"checkpoint": [checkpoint_0, checkpoint_1, checkpoint_2], "evaluation": [evaluation_0],
-              "train_summary": [train_summary_0, train_summary_1, train_summary_2], "rows": [rows_0]}
+def rows_1(saved):
+    """flops_training (2026-12-06), the attention FLOPs computed in training as a mean over its logged steps:
+    unknown in older records' results."""
+    for row in saved.get("rows") or []:
+        for result in row.get("results") or []:
+            result.setdefault("flops_training", None)
+    return saved
+
+
+MIGRATIONS = {"checkpoint": [checkpoint_0, checkpoint_1, checkpoint_2, checkpoint_3], "evaluation": [evaluation_0],
+              "train_summary": [train_summary_0, train_summary_1, train_summary_2, train_summary_3],
+              "rows": [rows_0, rows_1]}
 
 
 def current(kind):

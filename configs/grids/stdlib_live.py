@@ -57,9 +57,10 @@ runs = {
                                     "router_lambda": 0.0, "seeds": [1, 2]},
     "routed_head_budget_at_LG": {"schedule": "R", "router_per_token": False, "router_global_heads": 4,
                                  "router_lambda": 0.0, "seeds": [1, 2]},
-    # ... and with commits, so that a run whose heads committed trains at its layout's cost
+    # ... and with commits, so that a run whose heads committed trains at its layout's cost (five seeds: the best
+    # one-head mechanism of the two-seed screen, against LR_one_global_head)
     "routed_head_budget_one_head_commit": {"schedule": "R", "router_per_token": False, "router_global_heads": 1,
-                                           "router_lambda": 0.0, "router_commit_after": 250, "seeds": [1, 2]},
+                                           "router_lambda": 0.0, "router_commit_after": 250, "seeds": _five},
     # diagnosis: per-head routing at one head's cost settles on the fixed row's layout near step 800 yet grows no
     # copy head. Its first 800 steps again (the same schedule and batches), then that layout fixed for the other
     # 4200 steps (random routing at the per-head fractions of its step-800 evaluation, 0 or 1; the learning rate

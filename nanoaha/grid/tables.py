@@ -5,6 +5,7 @@ plots are drawn again."""
 import dataclasses
 import math
 import os
+import re
 
 from data.atomic_files import write_json
 from nanoaha.formatting import human_bytes, percent, signed
@@ -28,6 +29,7 @@ def collect(job, status=None):
         "key_loss": result.get("key_loss"), "other_loss": result.get("other_loss"), "key_frac": result.get("key_frac"),
         "flops_ideal": result.get("attention_flop_frac_ideal"),
         "flops_computed": result.get("attention_flop_frac_computed"),
+        "flops_training": training_flop_frac(summary, job.out_dir),
         "kv_bytes": result.get("kv_cache_bytes"), "kv_bytes_dense": result.get("kv_cache_bytes_dense"),
         "per_layer": result.get("global_frac_per_layer"), "per_head": result.get("global_frac_per_head"),
         "sweep": result.get("threshold_sweep") or [],
@@ -41,6 +43,32 @@ def collect(job, status=None):
         "decision_history": summary.get("decision_history") or [],  # how settled the routed decisions were
         "per_layer_routing": per_layer_routing(result),
     }
+
+
+LOGGED_FLOPS = re.compile(r"^iter (\d+): .*attn-FLOPs ideal [\d.]+% computed ([\d.]+)%")
+
+
+def training_flop_frac(summary, out_dir):
+    """The attention FLOPs training computed, relative to dense: the mean over the run's logged steps
+    (train_summary's attention_flop_frac_training); for a summary from before it was kept, the same mean read
+    from train.log's step lines (whole percents; the last line of each step, as a resume trains some again).
+    None where neither exists. It differs from the evaluation's 'computed' (the trained model's, at the end)
+    where decisions changed what training computed: heads that committed."""
+    kept = summary.get("attention_flop_frac_training")
+    if kept:
+        return kept["computed"]
+    try:
+        with open(os.path.join(out_dir, "train.log")) as f:
+            steps = {int(m[1]): float(m[2]) / 100 for m in map(LOGGED_FLOPS.match, f) if m}
+    except OSError:
+        return None
+    return sum(steps.values()) / len(steps) if steps else None
+
+
+def knows_training_flops(rows):
+    """Whether any seed has the attention computed over training (records before 2026-12-06 have none: their
+    tables keep the columns they were written with)."""
+    return any(r.get("flops_training") is not None for row in rows for r in row.results)
 
 
 def per_layer_routing(result):
@@ -249,8 +277,9 @@ def results_table(rows, references):
     gap_header = "vs local and dense" if beats is False else "gap recovery"
     key = has_key_losses(rows)
     local_name, dense_name = references.get("local", "local"), references.get("dense", "dense")
+    in_training = knows_training_flops(rows)
     header = ["run", "layers", "seeds", "val loss mean [min-max]", "global fraction", "attention FLOPs ideal",
-              "computed", "KV bytes", "training tokens/s", "wall time", gap_header, "vs best fixed, same seed",
+              "computed (end / training mean)" if in_training else "computed", "KV bytes", "training tokens/s", "wall time", gap_header, "vs best fixed, same seed",
               f"vs {local_name}, same seed", f"vs {dense_name}, same seed"]
     if key:
         header[4:4] = ["key-token loss mean [min-max]"]
@@ -263,7 +292,8 @@ def results_table(rows, references):
         cells = [
             f"| {row.run}", row.layers, seeds_text(row), fmt_loss(row.stat("val_loss")),
             percent(row.mean("global_frac"), 1, missing="-" if row.kind == "fixed" else "missing"),
-            percent(row.mean("flops_ideal"), 0, "missing"), percent(row.mean("flops_computed"), 0, "missing"), kv_text,
+            percent(row.mean("flops_ideal"), 0, "missing"), percent(row.mean("flops_computed"), 0, "missing")
+            + (f' / {percent(row.mean("flops_training"), 0)}' if in_training else ""), kv_text,
             "missing" if tok is None else f"{tok:,.0f}", "missing" if wall is None else f"{wall / 60:.1f} min",
             gap_text(row, local_row, dense_row), versus_best_fixed(row, best), paired_text(row, local_row),
             paired_text(row, dense_row)]
@@ -276,8 +306,11 @@ def results_table(rows, references):
              "[min-max]" + ("; rows ran different numbers of seeds, so compare rows in the same-seed columns, not "
                             "by these means" if len(seed_counts) > 1 else "") + ". "
              "Global fraction: routed layers' global decisions. Attention FLOPs and KV-cache bytes: relative to "
-             "an all-dense model of the same shape. Tokens/s: training steps only (the last process of the run); "
-             "wall time: every training process of the run, mean over seeds."]
+             "an all-dense model of the same shape" + ("; computed: what the kernels computed in the mode training "
+             "runs, by the trained model at the end and as a mean over training's logged steps (they differ where "
+             "heads committed to a path along the run)" if in_training else "") +
+             ". Tokens/s: training steps only (the last process of the run); wall time: every training process "
+             "of the run, mean over seeds."]
     local, dense = references.get("local"), references.get("dense")
     if beats:
         noise = f"; {dense} beats {local} on some seeds only, so these percentages are noise (the gap is a tie)" \
@@ -458,10 +491,11 @@ def agreement_text(diffs):
 def headline_table(rows, runs, reference):
     """The README's table: per run (runs: {run: what it is}), all-token and key-token val loss, the same-seed
     difference to `reference` on both with how many seeds agree, the copy-head count (the seeds whose repeat probe
-    ends at COPY_HEAD_GAIN or more, of those probed during training), attention FLOPs ideal and as computed in
-    training, KV-cache bytes and training tokens/s, each from the seeds the record has."""
+    ends at COPY_HEAD_GAIN or more, of those probed during training), attention FLOPs ideal (the trained model's
+    decisions) and as computed in training (the mean over the run's logged steps), KV-cache bytes and training tokens/s, each from the seeds the record has."""
     by_name = {row.run: row for row in rows}
     ref = by_name[reference]
+    computed = "flops_training" if knows_training_flops(rows) else "flops_computed"  # older records: the end's
     lines = [f"| run | what it is | seeds | val loss | key-token loss | vs {reference}, same seed | key tokens vs "
              f"{reference} | copy head | attention FLOPs ideal / in training | KV cache | training tokens/s |",
              "|" + "---|" * 11]
@@ -485,7 +519,7 @@ def headline_table(rows, runs, reference):
         tokens = row.mean("tokens_per_s")
         lines.append(f"| {run} | {what} | {len(done)} | {fmt_loss(row.stat('val_loss'))} | "
                      f"{fmt_loss(row.stat('key_loss'))} | {cells[0]} | {cells[1]} | {copy} | "
-                     f"{percent(row.mean('flops_ideal'), 0)} / {percent(row.mean('flops_computed'), 0)} | "
+                     f"{percent(row.mean('flops_ideal'), 0)} / {percent(row.mean(computed), 0)} | "
                      f"{percent(kv and kv[0], 0)} | {'-' if tokens is None else f'{tokens:,.0f}'} |")
     return "\n".join(lines) + "\n"
 

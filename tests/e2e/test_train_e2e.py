@@ -264,19 +264,30 @@ def test_router_token_from_iter_decides_per_head_first_then_per_token(tmp_path, 
 def test_heads_commit_in_training_and_a_resume_keeps_their_streaks_exactly(tmp_path, tiny_corpus, capsys):
     """router_commit_after=8 with a penalty that sends every per-head router local after step 0 (at init every
     head is global): the heads commit at step 8 (8 steps all local), after a resume at step 6 as in a straight run: same losses, same commits,
-    the checkpoint's model holds them and evaluation runs them."""
+    the checkpoint's model holds them and evaluation runs them. The attention training computed, a mean over
+    its logged steps, counts the steps before the commits (both paths) and after (the window alone), over the
+    resume too."""
     common = {"lr_decay_iters": 12, "eval_interval": 100, "router_per_token": False, "router_lambda": 1.0,
-              "router_lambda_ramp": 0, "router_commit_after": 8}
+              "router_lambda_ramp": 0, "router_commit_after": 8, "log_interval": 1}
     straight = train.train(*tiny_train_configs(tmp_path / "a", tiny_corpus, max_iters=12, **common))
     summary = json.load(open(tmp_path / "a" / "out" / "train_summary.json"))
     assert summary["commit_history"] == [[8, layer, head, 0] for layer in range(2) for head in range(2)]
     assert summary["routed_global_frac"] == 0.0
-    assert "router collapse" not in capsys.readouterr().out  # layers whose heads all committed local decided it
+    out = capsys.readouterr().out
+    assert "router collapse" not in out  # layers whose heads all committed local decided it
+    in_training = summary["attention_flop_frac_training"]
+    assert in_training["logged_steps"] == 12
+    # the steps before the commits computed local and full attention (more than dense), those after the window alone
+    logged = [float(m) / 100 for m in re.findall(r"^iter \d+: .* computed (\d+)%", out, re.M)]
+    assert len(logged) == 12 and logged[0] > 1.0 and logged[-1] == pytest.approx(summary["model_computed_flop_frac"], abs=0.006)
+    assert in_training["computed"] == pytest.approx(sum(logged) / 12, abs=0.005)
+    assert summary["model_computed_flop_frac"] < in_training["computed"] < logged[0]
     train.train(*tiny_train_configs(tmp_path / "b", tiny_corpus, max_iters=6, **common))
     resumed = train.train(*tiny_train_configs(tmp_path / "b", tiny_corpus, max_iters=12, init_from="resume",
                                               **common))
     assert resumed["losses"] == straight["losses"][6:]
-    assert json.load(open(tmp_path / "b" / "out" / "train_summary.json"))["commit_history"] == \
-        summary["commit_history"]
+    resumed_summary = json.load(open(tmp_path / "b" / "out" / "train_summary.json"))
+    assert resumed_summary["commit_history"] == summary["commit_history"]
+    assert resumed_summary["attention_flop_frac_training"] == pytest.approx(in_training)
     model, _ = checkpoint.load_model(tmp_path / "b" / "out" / "ckpt.pt", "cpu")
     assert [block.attn.router.paths for block in model.blocks] == [(0, 0), (0, 0)]

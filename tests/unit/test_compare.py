@@ -664,3 +664,31 @@ def test_a_records_plots_are_drawn_again_from_its_rows_and_grid_file(tmp_path, c
     assert {"pareto.png", "val_curves.png", "copy_curves.png", "comparison_curves.png",
             "heatmap_routed_at_LG.png"} <= set(drawn)
     assert not (tmp_path / "out").exists()  # planned, nothing trained
+
+
+def test_the_attention_training_computed_is_the_summarys_mean_or_else_its_logs_steps(tmp_path):
+    """train_summary's attention_flop_frac_training where the run kept it; for an older summary the mean of
+    train.log's step lines, the last line of each step (a resume trains the steps after its checkpoint again);
+    None with neither. The table shows it beside the end's only where some seed knows it."""
+    job = plan(load_grid(write_grid(tmp_path / "g.py", {"routed": {"schedule": "R"}})), str(tmp_path / "out"))[0]
+    os.makedirs(job.out_dir)
+    summary = os.path.join(job.out_dir, "train_summary.json")
+    with open(summary, "w") as f:
+        json.dump({"attention_flop_frac_training": {"ideal": 0.2, "computed": 0.43, "logged_steps": 100}}, f)
+    assert tables.collect(job)["flops_training"] == 0.43
+    with open(summary, "w") as f:
+        json.dump({}, f)
+    assert tables.collect(job)["flops_training"] is None
+    line = "iter {}: loss 2.0 (lm 2.0 + penalty 0; mean p 0.5, lambda 0) | global 12.5% attn-FLOPs ideal 18% " \
+           "computed {}% | lr 1e-3 | 7,000 tok/s"
+    with open(os.path.join(job.out_dir, "train.log"), "w") as f:
+        f.write("\n".join(["step 0: val loss 5.0 | global 12.5% attn-FLOPs ideal 18% computed 106%",
+                           line.format(50, 106), line.format(100, 106), line.format(150, 106),
+                           "stopped by SIGTERM: saved ckpt.pt at step 120", line.format(150, 18),
+                           line.format(200, 18)]) + "\n")
+    assert tables.collect(job)["flops_training"] == pytest.approx((1.06 + 1.06 + 0.18 + 0.18) / 4)
+    done = {"flops_ideal": 0.18, "flops_computed": 0.18}
+    old = results_table([Row("routed", "routed", "RR", [1], [result(1, 1.0, **done, flops_training=None)])], {})
+    assert "| computed |" in old and "| 18% |" in old
+    new = results_table([Row("routed", "routed", "RR", [1], [result(1, 1.0, **done, flops_training=0.62)])], {})
+    assert "| computed (end / training mean) |" in new and "| 18% / 62% |" in new
