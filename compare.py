@@ -174,7 +174,7 @@ def headline_lines(grid, rows):
 
 def draw_plots(record, grid, jobs, rows):
     """The record's plots, from its rows and the grid's plan (no run folder needed); returns the README lines of
-    the comparisons along training and the heatmaps' file names."""
+    the comparisons along training and the file names of the heatmaps and head-score plots."""
     plots.pareto(os.path.join(record, "pareto.png"), rows, grid.references)
     if has_key_losses(rows):
         plots.pareto(os.path.join(record, "pareto_key_tokens.png"), rows, grid.references, metric="key_loss")
@@ -196,6 +196,13 @@ def draw_plots(record, grid, jobs, rows):
         if row.kind == "routed" and first["per_head"]:
             name = f"heatmap_{row.run}.png"
             plots.heatmap(os.path.join(record, name), f"{row.run} seed {first['seed']}", first["per_head"], row.layers)
+            heatmaps.append(name)
+    for row in rows:  # where routing or a random layout decides the heads: which head does what, and when
+        by_seed = {r["seed"]: r["copy_history"] for r in row.results
+                   if r["complete"] and any(len(entry) > 3 and entry[3] for entry in r.get("copy_history") or [])}
+        if row.kind != "fixed" and by_seed:
+            name = f"heads_{row.run}.png"
+            plots.head_scores(os.path.join(record, name), row.run, by_seed, row.layers)
             heatmaps.append(name)
     return along, heatmaps
 

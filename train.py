@@ -588,10 +588,9 @@ def evaluate_and_save(run, final=False):
                    f"{fixed(losses['other_loss'])}){copy} | {format_routing(stats)}")
         if finite:
             # a layer whose heads all committed decided its path: no collapse
-            decided = [paths is not None and -1 not in paths for paths in
-                       (block.attn.paths() for block in run.raw_model.blocks)]
-            warn_collapse(stats, [kind if not d else "decided" for kind, d in zip(mcfg.kinds, decided)],
-                          tcfg.collapse_frac, it)
+            decided = [i for i, block in enumerate(run.raw_model.blocks)
+                       if (paths := block.attn.paths()) is not None and -1 not in paths]
+            warn_collapse(stats, mcfg.kinds, tcfg.collapse_frac, it, decided)
             run.logger.scalars(it, stability_scalars(stability, flips))
             run.logger.evaluation(it, losses, stats, run.raw_model, run.val_batches[0][0].to(run.device),
                                   run.data.meta, run.autocast, head_history=run.head_history)

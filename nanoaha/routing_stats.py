@@ -169,17 +169,18 @@ def tensorboard_scalars(prefix, stats, kinds):
     return {k: v for k, v in values.items() if not math.isnan(v)}
 
 
-def collapsed_layers(stats, kinds, threshold):
+def collapsed_layers(stats, kinds, threshold, decided=()):
     """Routed layers with learned routers (random routing has no p: its rate is a setting, not a collapse) whose
-    global fraction (heads averaged) is below threshold."""
-    return [i for i, kind in enumerate(kinds) if kind == "routed" and not stats["mean_p"][i].isnan().all()
-            and stats["global_frac"][i].mean().item() < threshold]
+    global fraction (heads averaged) is below threshold; decided: layers whose heads all committed to a path
+    (router_commit_after), which chose it rather than collapsed into it."""
+    return [i for i, kind in enumerate(kinds) if kind == "routed" and i not in decided
+            and not stats["mean_p"][i].isnan().all() and stats["global_frac"][i].mean().item() < threshold]
 
 
-def warn_collapse(stats, kinds, threshold, step):
+def warn_collapse(stats, kinds, threshold, step, decided=()):
     """A routed layer whose heads (almost) never go global gets no gradient through its full-attention path,
-    so it rarely recovers: say so loudly, with what to try. Returns the collapsed layers."""
-    collapsed = collapsed_layers(stats, kinds, threshold)
+    so it rarely recovers: say so loudly, with what to try. Returns the collapsed layers (collapsed_layers)."""
+    collapsed = collapsed_layers(stats, kinds, threshold, decided)
     if collapsed:
         layers = ", ".join(f"{i} ({percent(stats['global_frac'][i].mean().item(), 2)} global, mean p "
                            f"{stats['mean_p'][i].mean().item():.3f})" for i in collapsed)

@@ -1,5 +1,6 @@
 """The record's plots (matplotlib, Agg, small PNGs): loss against attention FLOPs (the Pareto picture), global
-fraction against window, per-run layer x head heatmaps of global fractions, val loss curves. compare.py draws
+fraction against window, per-run layer x head heatmaps of global fractions, val loss curves, each head's probe
+scores along training. compare.py draws
 them from tables.Row lists. Figures are made without pyplot (no global state, no display); each function
 returns the Figure it saved."""
 import math
@@ -196,6 +197,46 @@ def heatmap(path, run, per_head, layers):
     ax.set_ylabel("layer")
     ax.set_title(f"{run}: global fraction", fontsize=10)
     fig.colorbar(image, ax=ax, fraction=0.05, format=PercentFormatter(1.0, decimals=0))
+    return _save(fig, path)
+
+
+HEAD_SCORE_LABELS = {"previous": "previous-token score", "induction": "induction score"}
+_LAYER_MAPS = ("Blues", "Oranges", "Greens", "Purples", "Reds", "Greys")
+
+
+def head_scores(path, run, by_seed, layers):
+    """Each head's function along training, from the repeat probe train.py runs at every evaluation: per seed (a
+    column), each head's previous-token score (top: a local previous-token head) and each non-local layer's
+    heads' induction score (bottom: a copy head). by_seed: {seed: copy_history}, whose entries' fourth field is
+    {score: [[per head] per layer]}. A colour family per layer, a shade per head."""
+    seeds = sorted(by_seed)
+    fig = Figure(figsize=(3.0 * len(seeds) + 1.8, 5.6))
+    axes = fig.subplots(2, len(seeds), squeeze=False, sharex=True, sharey="row")
+    handles = {}
+    for col, seed in enumerate(seeds):
+        points = [entry for entry in by_seed[seed] if len(entry) > 3 and entry[3] and entry[0] > 0]
+        for row, score in enumerate(HEAD_SCORE_LABELS):
+            ax = axes[row][col]
+            for layer, letter in enumerate(layers):
+                if score == "induction" and letter == "L":  # a window holds no earlier copy to attend to
+                    continue
+                n_head = len(points[0][3][score][layer]) if points else 0
+                cmap = matplotlib.colormaps[_LAYER_MAPS[layer % len(_LAYER_MAPS)]]
+                for head in range(n_head):
+                    color = cmap(0.45 + 0.5 * head / max(1, n_head - 1))
+                    ax.plot([e[0] for e in points], [e[3][score][layer][head] for e in points], lw=1, color=color)
+                    handles.setdefault((layer, head), Line2D([], [], color=color, lw=1.5,
+                                                             label=f"layer {layer} ({letter}) head {head}"))
+            ax.grid(alpha=0.3)
+            if row == 0:
+                ax.set_title(f"seed {seed}", fontsize=10)
+            if row == 1:
+                ax.set_xlabel("step")
+            if col == 0:
+                ax.set_ylabel(HEAD_SCORE_LABELS[score])
+    fig.suptitle(f"{run}: each head's function along training (repeat probe)", fontsize=10)
+    axes[0][-1].legend(handles=[handles[k] for k in sorted(handles)], fontsize=7, loc="upper left",
+                       bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     return _save(fig, path)
 
 

@@ -42,6 +42,11 @@ def test_grid_runs_skips_what_is_complete_resumes_what_is_not_and_writes_the_rec
     assert ("key_curves.png" in files) == ("![key-token loss curves](key_curves.png)" in
                                            open(os.path.join(records, record, "README.md")).read())
     assert "copy_curves.png" in files and "(copy_curves.png)" in open(os.path.join(records, record, "README.md")).read()
+    # the routed row's heads along training (the probe's per-head scores); not the fixed local row's
+    assert "heads_routed.png" in files and "heads_local.png" not in files
+    assert "(heads_routed.png)" in open(os.path.join(records, record, "README.md")).read()
+    # the attention training computed, over its logged steps, beside the end's
+    assert "computed (end / training mean)" in open(os.path.join(records, record, "table.md")).read()
     table = open(os.path.join(records, record, "table.md")).read()
     assert "| broken | GG | 0 of 1 (seed 1 failed: train.py exited with 1" in table and "**Incomplete**" in table
     assert table_cells(table)["routed vs local"][1] == "routed - local" and "(1 seed)" in table_cells(table)["routed vs local"][2]

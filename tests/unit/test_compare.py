@@ -692,3 +692,28 @@ def test_the_attention_training_computed_is_the_summarys_mean_or_else_its_logs_s
     assert "| computed |" in old and "| 18% |" in old
     new = results_table([Row("routed", "routed", "RR", [1], [result(1, 1.0, **done, flops_training=0.62)])], {})
     assert "| computed (end / training mean) |" in new and "| 18% / 62% |" in new
+
+
+def test_head_scores_plot_every_heads_previous_token_score_and_the_non_local_layers_induction_per_seed(tmp_path):
+    """A column per seed; previous-token scores of every layer's heads (top), induction scores of the heads of
+    layers that are not local (bottom); step 0 and entries from before the per-head field are left out."""
+    def entry(step, shift):
+        heads = {"previous": [[0.1 + shift, 0.2], [0.3, 0.4 + shift]],
+                 "induction": [[0.0, 0.0], [0.05 + shift, 0.01]], "global": [[0.0, 0.0], [1.0, 0.0]]}
+        return [step, 0.1, [0.0, 0.05], heads]
+    by_seed = {2: [[0, 0.0, [0.0, 0.0]], entry(250, 0.0), entry(500, 0.1)], 1: [entry(0, 0.0), entry(250, 0.2)]}
+    fig = plots.head_scores(tmp_path / "heads.png", "LR_one_global_head", by_seed, "LR")
+    axes = fig.axes
+    assert [ax.get_title() for ax in axes[:2]] == ["seed 1", "seed 2"]
+    top_seed2, bottom_seed2 = axes[1], axes[3]
+    assert [line.get_xydata().tolist() for line in top_seed2.lines] == [
+        [[250, 0.1], [500, pytest.approx(0.2)]], [[250, 0.2], [500, 0.2]], [[250, 0.3], [500, 0.3]],
+        [[250, 0.4], [500, pytest.approx(0.5)]]]
+    # the local first layer has no induction line; the routed layer's two heads do
+    assert [line.get_xydata().tolist() for line in bottom_seed2.lines] == [[[250, 0.05], [500, pytest.approx(0.15)]],
+                                                                           [[250, 0.01], [500, 0.01]]]
+    assert len(axes[0].lines) == 4 and len(axes[2].lines) == 2  # seed 1: step 0 left out, one point a line
+    assert [t.get_text() for t in axes[1].get_legend().get_texts()] == [
+        "layer 0 (L) head 0", "layer 0 (L) head 1", "layer 1 (R) head 0", "layer 1 (R) head 1"]
+    data = (tmp_path / "heads.png").read_bytes()
+    assert data.startswith(b"\x89PNG") and 5_000 < len(data) < 150_000

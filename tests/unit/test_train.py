@@ -102,6 +102,9 @@ def test_collapse_is_reported(capsys):
              "mean_p": torch.tensor([[0.01, 0.02], [0.4, 0.3], [float("nan")] * 2, [float("nan")] * 2])}
     assert warn_collapse(stats, kinds, 0.005, step=250) == [0]
     assert "router collapse in layer(s) 0 (0.05% global" in capsys.readouterr().out
+    # a layer whose heads all committed local decided it: no warning
+    assert warn_collapse(stats, kinds, 0.005, step=250, decided=[0]) == []
+    assert "router collapse" not in capsys.readouterr().out
 
 
 def test_training_flops_count_parameters_and_attention_as_computed():
