@@ -52,8 +52,10 @@ class GPTConfig:
     router_per_token: bool = True   # False: one learned decision per head for every token, p = sigmoid(b_h)
                                     # with no input (a per-head schedule the model learns); with routing='random',
                                     # one draw per head and sequence instead of per token
-    router_global_heads: int = 0    # > 0, with router_per_token=False: a budget of heads, not a threshold: the
-                                    # k routed heads (over every layer) with the highest router bias are global
+    router_global_heads: int = 0    # > 0: a budget of heads: the k routed heads (over every layer) with the
+                                    # highest router bias may go global, the others are local; with
+                                    # router_per_token=False the k are global for every token (no threshold),
+                                    # with router_per_token=True they route per token (p >= threshold)
     routed_mode: str = "exact"      # 'exact': full + local for every token; 'sparse': full only where gated
     attention_backend: str = "auto"
     rope_base: float = 10000.0
@@ -171,6 +173,12 @@ class Router(nn.Module):
         self.committed[head] = path
         self._read_paths()
 
+    @property
+    def head_bias(self):
+        """(H,) each head's bias: the whole decision of a per-head router, the token-independent part of a
+        per-token one (what the head budget ranks heads by)."""
+        return self.bias if self.logits is None else self.logits.bias
+
     def head_decisions(self, threshold=None, chosen=None):
         """A per-head router's decisions, bool (H,), as forward takes them: committed heads their path, the
         others chosen (the head budget's) or p >= threshold."""
@@ -181,7 +189,8 @@ class Router(nn.Module):
     def forward(self, x, threshold=None, force=None, local=None, chosen=None):
         """threshold: None for the trained one (config.router_threshold). force: 'global' or 'local' (Routing).
         local: (B, H, T, D) the heads' local attention outputs, with router_sees_local. chosen: bool (H,), the
-        heads the model's head budget made global (router_global_heads), instead of the threshold."""
+        heads the model's head budget lets go global (router_global_heads): a per-head router's chosen heads are
+        global instead of the threshold, a per-token router's route their tokens by it; the others are local."""
         if self.logits is not None:
             logits = self.logits(x).float().transpose(1, 2)  # (B, H, T)
         else:
@@ -189,10 +198,12 @@ class Router(nn.Module):
         if self.local_weight is not None:
             logits = logits + torch.einsum("bhtd,hd->bht", local.float(), self.local_weight.float())
         p = torch.sigmoid(logits)
+        by_threshold = p >= (self.config.router_threshold if threshold is None else threshold)
         if chosen is not None:
-            hard = chosen.view(1, -1, 1).expand_as(p)
+            chosen = chosen.view(1, -1, 1).expand_as(p)
+            hard = chosen & by_threshold if self.logits is not None else chosen
         else:
-            hard = p >= (self.config.router_threshold if threshold is None else threshold)
+            hard = by_threshold
         if self.training and self.config.router_explore > 0:
             hard = hard | (torch.rand_like(p) < self.config.router_explore)
         if any(path >= 0 for path in self.paths):  # a committed head's p is its path: no gradient, no penalty
@@ -394,7 +405,7 @@ class GPT(nn.Module):
             return [None] * len(self.blocks)
         routers = self.routers()
         committed = torch.stack([router.committed for router in routers])
-        score = torch.stack([router.bias.detach().float() for router in routers])
+        score = torch.stack([router.head_bias.detach().float() for router in routers])
         score = score.masked_fill(committed == 1, float("inf")).masked_fill(committed == 0, float("-inf"))
         order = torch.sort(score.flatten(), descending=True, stable=True).indices
         chosen = torch.zeros(score.numel(), dtype=torch.bool, device=score.device)
@@ -567,14 +578,15 @@ def check_model_config(cfg):
     if cfg.routing not in ("learned", "random"):
         raise ValueError(f"routing={cfg.routing!r}: use 'learned' or 'random'")
     routed_heads = cfg.layer_letters.count("R") * cfg.n_head
-    if cfg.router_global_heads and (cfg.router_per_token or cfg.routing != "learned"
-                                    or not 0 < cfg.router_global_heads <= routed_heads):
-        raise ValueError(f"router_global_heads={cfg.router_global_heads} picks heads of learned per-head routers: "
-                         f"it needs routing='learned', router_per_token=False and at most the {routed_heads} routed "
-                         f"heads")
+    if cfg.router_global_heads and (cfg.routing != "learned" or not 0 < cfg.router_global_heads <= routed_heads):
+        raise ValueError(f"router_global_heads={cfg.router_global_heads} picks heads by their learned routers: it "
+                         f"needs routing='learned' and at most the {routed_heads} routed heads")
     if not cfg.router_per_token and (cfg.router_sees_local or cfg.router_init_std > 0):
         raise ValueError("router_per_token=False decides per head from no input: it has no router_sees_local and "
                          "no weights for router_init_std; drop those settings")
+    if cfg.router_global_heads and cfg.router_explore > 0:
+        raise ValueError("router_global_heads decides which heads may go global and router_explore sends others "
+                         "global anyway: drop router_explore")
     if not 0.0 <= cfg.router_explore <= 1.0:
         raise ValueError(f"router_explore={cfg.router_explore} must be a fraction in [0, 1]")
     if cfg.routed_mode not in ("exact", "sparse"):

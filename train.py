@@ -381,10 +381,14 @@ def update_controller(run, out, force_global):
     forced-global step says nothing about the routers' choice, and before penalty_start (router_lambda_start,
     router_local_iters) there is none.
     The fraction is the routers' own (p >= threshold): router_explore's extra global decisions are training's
-    only, so counting them would leave the trained model below its target by the explored share."""
+    only, so counting them would leave the trained model below its target by the explored share. Under a head
+    budget the decisions are the gates it left (its unchosen heads are local whatever their p; router_explore is
+    refused with it)."""
     if run.controller is None or force_global or run.iter_num < penalty_start(run.tcfg):
         return
-    fracs = torch.stack([(p >= run.mcfg.router_threshold).float().mean() for p in out.probs if p is not None])
+    budget = run.mcfg.router_global_heads > 0
+    fracs = torch.stack([(gate if budget else p >= run.mcfg.router_threshold).float().mean()
+                         for gate, p in zip(out.gates, out.probs) if p is not None])
     if run.ddp:
         dist.all_reduce(fracs)
         fracs = fracs / run.world
@@ -587,9 +591,12 @@ def evaluate_and_save(run, final=False):
         tqdm.write(f"step {it}: val loss {val_loss:.4f} (key tokens {fixed(losses['key_loss'])}, other "
                    f"{fixed(losses['other_loss'])}){copy} | {format_routing(stats)}")
         if finite:
-            # a layer whose heads all committed decided its path: no collapse
+            # a layer whose heads all committed decided its path, one that a head budget gave no head is local by
+            # design: no collapse
+            chosen = run.raw_model.chosen_heads()
             decided = [i for i, block in enumerate(run.raw_model.blocks)
-                       if (paths := block.attn.paths()) is not None and -1 not in paths]
+                       if (paths := block.attn.paths()) is not None and -1 not in paths
+                       or chosen[i] is not None and not chosen[i].any()]
             warn_collapse(stats, mcfg.kinds, tcfg.collapse_frac, it, decided)
             run.logger.scalars(it, stability_scalars(stability, flips))
             run.logger.evaluation(it, losses, stats, run.raw_model, run.val_batches[0][0].to(run.device),

@@ -45,6 +45,13 @@ runs = {
     # (after the copy head forms in the per-head runs, about step 1500-2200)
     "routed_heads_then_tokens_at_LG": {"schedule": "R", "router_target_global": 0.5,
                                        "router_token_from_iter": 2500, "seeds": [1, 2]},
+    # ... per-token routing inside a budget of 4 heads (LG's cost): until step 2000 each router decides per head
+    # (token weights held at zero; biases from 1, so the budget's heads are global from the first step and a copy
+    # head can grow in one of them), then the budget's heads route their tokens under a target of a quarter of the
+    # routed decisions (half of the budget's tokens); the heads outside it, local on every step, commit local
+    "routed_head_budget_tokens_at_LG": {"schedule": "R", "router_global_heads": 4, "router_init_bias": 1.0,
+                                        "router_token_from_iter": 2000, "router_lambda_start": 2000,
+                                        "router_target_global": 0.25, "router_commit_after": 250, "seeds": [1, 2]},
     # ... heads commit to their path once their decisions held 250 steps in a row (router_commit_after), at one
     # head's cost (per-head routers) and at LG's (per-token routers)
     "routed_per_head_one_head_commit": {"schedule": "R", "router_per_token": False, "router_target_global": 0.125,
@@ -125,6 +132,9 @@ comparisons = {
     "at LG's cost, per-head then per-token vs per-token routers": ("routed_heads_then_tokens_at_LG", "routed_at_LG"),
     "at LG's cost, per-token routers whose heads commit vs LG": ("routed_at_LG_commit", "LG"),
     "at LG's cost, a budget of 4 heads vs LG": ("routed_head_budget_at_LG", "LG"),
+    "per-token routing inside a budget of 4 heads vs LG": ("routed_head_budget_tokens_at_LG", "LG"),
+    "per-token routing inside a budget of 4 heads vs the budget alone": ("routed_head_budget_tokens_at_LG",
+                                                                        "routed_head_budget_at_LG"),
     "at one head's cost, per-head routers whose heads commit vs one fixed global head":
         ("routed_per_head_one_head_commit", "LR_one_global_head"),
     "at one head's cost, a budget of one head vs one fixed global head":

@@ -261,6 +261,23 @@ def test_router_token_from_iter_decides_per_head_first_then_per_token(tmp_path, 
                                         router_per_token=False))
 
 
+def test_a_budget_of_heads_with_per_token_routers_trains_its_heads_per_token_and_commits_the_others_local(
+        tmp_path, tiny_corpus, capsys):
+    """router_global_heads=1 with per-token routers (router_init_std > 0: p differs between tokens): every head
+    outside the budget is local on every step, so with router_commit_after=4 the three of them commit local
+    (no more: one head must stay reachable); the budget's head keeps routing its tokens, some global. The layer
+    the budget gives no head is local by design: no collapse warning."""
+    train.train(*tiny_train_configs(tmp_path, tiny_corpus, max_iters=12, lr_decay_iters=12, eval_interval=100,
+                                    router_global_heads=1, router_init_std=0.5, router_lambda=0.0,
+                                    router_lambda_ramp=0, router_commit_after=4))
+    summary = json.load(open(tmp_path / "out" / "train_summary.json"))
+    assert len(summary["commit_history"]) == 3 and {path for *_, path in summary["commit_history"]} == {0}
+    model, _ = checkpoint.load_model(tmp_path / "out" / "ckpt.pt", "cpu")
+    assert sum(path == -1 for block in model.blocks for path in block.attn.router.paths) == 1
+    assert 0 < summary["routed_global_frac"] < 0.25  # one head of four, some of its tokens
+    assert "router collapse" not in capsys.readouterr().out
+
+
 def test_heads_commit_in_training_and_a_resume_keeps_their_streaks_exactly(tmp_path, tiny_corpus, capsys):
     """router_commit_after=8 with a penalty that sends every per-head router local after step 0 (at init every
     head is global): the heads commit at step 8 (8 steps all local), after a resume at step 6 as in a straight run: same losses, same commits,

@@ -629,9 +629,35 @@ def test_the_head_budget_makes_the_k_heads_of_highest_bias_global_over_every_lay
     assert (r0.bias.grad != 0).all() and (r1.bias.grad != 0).all()
 
 
-@pytest.mark.parametrize("overrides", [{"router_per_token": True}, {"routing": "random", "router_per_token": False},
-                                       {"router_per_token": False, "router_global_heads": 5}])
-def test_the_head_budget_needs_learned_per_head_routers_and_at_most_the_routed_heads(overrides):
+def test_a_budget_of_heads_with_per_token_routers_routes_the_tokens_of_its_heads_and_keeps_the_others_local():
+    """router_global_heads=k with router_per_token=True: the k heads of highest router bias (the token-independent
+    part of p) decide per token by the threshold, the other routed heads are local for every token; the
+    straight-through gradient reaches every head's router, so an unchosen head can earn its place."""
+    torch.manual_seed(0)
+    model = GPT(small_config(schedule="R", router_per_token=True, router_global_heads=1))
+    r0, r1 = (block.attn.router for block in model.blocks)
+    with torch.no_grad():
+        r0.logits.bias.copy_(torch.tensor([0.5, 3.0]))  # the highest bias: layer 0 head 1
+        r1.logits.bias.copy_(torch.tensor([2.0, -1.0]))
+        r0.logits.weight.zero_()
+        r0.logits.weight[1, 0] = 40.0  # head 1's p follows the input's first feature: global on some tokens only
+    x = tokens()
+    assert [c.tolist() for c in model.chosen_heads()] == [[False, True], [False, False]]
+    out = model(x, x)
+    chosen_gate = out.gates[0][:, 1]
+    assert torch.equal(chosen_gate, out.probs[0][:, 1] >= 0.5) and 0 < chosen_gate.float().mean() < 1  # per token, by the threshold
+    assert not out.gates[0][:, 0].any() and not out.gates[1].any()  # every other head local, whatever its p
+    low = model(x, x, Routing(threshold=0.01))  # a threshold moves the chosen head's tokens only
+    assert torch.equal(low.gates[0][:, 1], low.probs[0][:, 1] >= 0.01) and low.gates[0][:, 1].sum() > chosen_gate.sum()
+    assert not low.gates[0][:, 0].any() and not low.gates[1].any()
+    model(x, x).lm_loss.backward()
+    assert (r1.logits.bias.grad != 0).all() and (r0.logits.weight.grad[1] != 0).any()
+
+
+@pytest.mark.parametrize("overrides", [{"routing": "random", "router_per_token": False},
+                                       {"router_per_token": False, "router_global_heads": 5},
+                                       {"router_global_heads": 5}, {"router_explore": 0.1}])
+def test_the_head_budget_needs_learned_routers_and_at_most_the_routed_heads(overrides):
     with pytest.raises(ValueError, match="router_global_heads"):
         small_config(schedule="RL", **{"router_global_heads": 1, **overrides})
 

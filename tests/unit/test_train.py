@@ -164,6 +164,16 @@ def test_the_controller_counts_the_routers_decisions_not_the_explored_ones():
     assert run.controller.weights(1)[0] > 0.01  # all global by its own choice: lambda rises
 
 
+def test_under_a_head_budget_the_controller_counts_the_decisions_the_budget_left():
+    """router_global_heads: an unchosen head is local whatever its p, so the controller counts the gates: here
+    half global (on the target) although every p is above the threshold."""
+    run = controlled_run("--router_global_heads=1", "--schedule=R")
+    p = torch.full((1, 2, 4), 0.9)
+    gates = torch.tensor([[[True] * 4, [False] * 4]])  # head 0 chosen (its tokens global), head 1 not
+    train.update_controller(run, SimpleNamespace(gates=[gates], probs=[p]), force_global=False)
+    torch.testing.assert_close(run.controller.weights(1), torch.full((1,), 0.01))  # on target: unchanged
+
+
 @pytest.mark.parametrize("args, iter_num, force_global, moves", [
     ((), 10, False, True),
     ((), 10, True, False),                               # a forced-global step: not the routers' choice
