@@ -13,6 +13,7 @@ Where things are:
 - kernels/layer.py            one layer's attention (sequence and decode) and the pairs it computed
 - kernels/attention.py        attention(), the one entry point (reference / torch / triton backends)
 """
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -73,6 +74,14 @@ class GPTConfig:
     @property
     def kinds(self):
         return [KIND_OF_LETTER[letter] for letter in self.layer_letters]
+
+    def with_schedule(self, schedule):
+        """This config with another schedule (a reference model of the same shape, a pruned one): a budget of
+        heads (router_global_heads) keeps its count where the schedule leaves that many routed heads, and is
+        capped at the routed heads left (none: no budget)."""
+        letters = "".join(schedule[i % len(schedule)] for i in range(self.n_layer))
+        return dataclasses.replace(self, schedule=schedule, router_global_heads=min(
+            self.router_global_heads, letters.count("R") * self.n_head))
 
 
 @dataclass

@@ -14,6 +14,7 @@ dense measured in the same run, and the KV cache's bytes at the end. Times are t
 On CUDA (--device cuda) the attention backend is Triton for the prefill and each timed step is synchronized.
 """
 import argparse
+import dataclasses
 import os
 import platform
 import statistics
@@ -43,15 +44,13 @@ def measure(model, context, batch, new_tokens, repeats):
 
 def suite(config, routed_name, routed_model=None, global_frac=0.1, device="cpu"):
     """Dense, local and a routed model of one shape (random weights: speed does not depend on them)."""
-    shape = {k: v for k, v in vars(config).items() if k not in ("schedule", "routing", "random_global_q")}
-    rows = {"dense G": GPTConfig(**{**shape, "schedule": "G"}), "local L": GPTConfig(**{**shape, "schedule": "L"})}
+    rows = {"dense G": config.with_schedule("G"), "local L": config.with_schedule("L")}
     for name, cfg in rows.items():
         torch.manual_seed(0)
         yield name, GPT(cfg).to(device).eval()
     if routed_model is None:
         torch.manual_seed(0)
-        routed_model = GPT(GPTConfig(**{**shape, "schedule": "R", "routing": "random",
-                                        "random_global_q": global_frac}))
+        routed_model = GPT(dataclasses.replace(config, schedule="R", routing="random", random_global_q=global_frac))
     yield routed_name, routed_model.to(device).eval()
 
 

@@ -301,7 +301,7 @@ def forced_routing(model, batches, key_labels, autocast=None, progress=None):
 
 def kv_cache_summary(config, context_length, bytes_per_element):
     """KV-cache bytes of the model and of the all-dense model of its shape, at context_length positions."""
-    dense = dataclasses.replace(config, schedule="G", router_global_heads=0)
+    dense = config.with_schedule("G")
     return {"kv_cache_bytes": kv_cache_bytes(config, context_length, bytes_per_element),
             "kv_cache_bytes_dense": kv_cache_bytes(dense, context_length, bytes_per_element),
             "context_length": context_length}

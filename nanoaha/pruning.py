@@ -33,11 +33,11 @@ def prune_checkpoint(ckpt, layers, record=None):
     letters = list(config.layer_letters)
     for i in layers:
         letters[i] = "L"
-    routed_heads = letters.count("R") * config.n_head
+    pruned = config.with_schedule("".join(letters))
     dropped = tuple(f"blocks.{i}.attn.router." for i in layers)
     return {**ckpt, "model": {k: v for k, v in ckpt["model"].items() if not k.startswith(dropped)},
-            "model_config": {**ckpt["model_config"], "schedule": "".join(letters),
-                             "router_global_heads": min(config.router_global_heads, routed_heads)},
+            "model_config": {**ckpt["model_config"], "schedule": pruned.schedule,
+                             "router_global_heads": pruned.router_global_heads},
             "optimizer": None, "pruned": {"layers": list(layers), **(record or {})}}
 
 

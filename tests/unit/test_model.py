@@ -689,3 +689,15 @@ def test_a_fixed_layout_computes_what_it_decides_in_training_and_in_the_statisti
     forced = model(x, x, Routing(force="global", mode="exact"))
     assert forced.paths == [None, None]
     assert forced.attention_keys[1] == sequence_keys("routed", forced.gates[1], "exact", T, w, 0) > expected
+
+
+def test_a_config_with_another_schedule_caps_its_head_budget_at_the_routed_heads_left():
+    """GPTConfig.with_schedule, for the models derived from a trained one (the KV cache's dense reference,
+    pruning, bench/generate.py's dense and local rows): a budget of heads is kept where enough routed heads
+    remain, capped where fewer do, and gone where none do (a budget over no routed head is refused)."""
+    config = small_config(schedule="R", router_per_token=False, router_global_heads=3)  # 2 layers x 2 heads
+    assert config.with_schedule("LR").router_global_heads == 2
+    assert config.with_schedule("RR").router_global_heads == 3
+    dense = config.with_schedule("G")
+    assert dense.layer_letters == "GG" and dense.router_global_heads == 0
+    assert dense.n_embd == config.n_embd and dense.router_per_token is False  # the shape and the rest kept
