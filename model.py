@@ -448,10 +448,17 @@ class GPT(nn.Module):
     def num_params(self):
         return sum(p.numel() for p in self.parameters())
 
+    def cache_kinds(self):
+        """Per layer, the kind whose keys its KV cache must hold: a routed layer whose heads are all fixed to the
+        local path (committed, or random routing at rate 0 for each head) reads only its window, as a local
+        layer does; the others their kind."""
+        return ["local" if (paths := block.attn.paths()) is not None and set(paths) == {0} else kind
+                for block, kind in zip(self.blocks, self.config.kinds)]
+
     def new_cache(self, capacity=None):
-        """One KVCache per layer, for up to `capacity` positions (default block_size)."""
+        """One KVCache per layer, for up to `capacity` positions (default block_size), of its cache_kinds."""
         cfg = self.config
-        return [KVCache(kind, capacity or cfg.block_size, cfg.window, cfg.n_sink) for kind in cfg.kinds]
+        return [KVCache(kind, capacity or cfg.block_size, cfg.window, cfg.n_sink) for kind in self.cache_kinds()]
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_kv_cache=True, generator=None):

@@ -165,3 +165,29 @@ def test_a_model_with_a_budget_of_heads_and_committed_heads_is_evaluated_and_pru
     pruned = prune_checkpoint(ckpt, [0, 1])["model_config"]
     assert pruned["schedule"] == "LL" and pruned["router_global_heads"] == 0
     GPTConfig(**pruned)  # a valid model
+
+
+def test_a_routed_layer_whose_heads_all_committed_local_caches_only_its_window():
+    """GPT.cache_kinds: a routed layer whose heads all committed to the local path holds a local layer's cache
+    (the window and sinks), and generates exactly what the model with a full cache generates; a layer with one
+    head that may go global keeps every position."""
+    config = GPTConfig(block_size=64, n_layer=2, n_head=2, n_embd=32, schedule="R", window=8, n_sink=2,
+                       router_per_token=False)
+    torch.manual_seed(0)
+    model = GPT(config).eval()
+    prompt = torch.randint(256, (1, 30))
+    for head in range(2):
+        model.blocks[0].attn.router.commit(head, 0)
+    model.blocks[1].attn.router.commit(0, 0)
+    assert model.cache_kinds() == ["local", "routed"]
+    per_position = 2 * 2 * 16 * 4
+    assert kv_cache_bytes(config, 40, 4, model.cache_kinds()) == per_position * (10 + 40)
+    cache = model.new_cache(capacity=40)
+    with torch.no_grad():
+        model(prompt, cache=cache)
+        for _ in range(10):
+            model(torch.randint(256, (1, 1)), cache=cache)
+    assert sum(c.bytes for c in cache) == kv_cache_bytes(config, 40, 4, model.cache_kinds())
+    # the window cache gives what the full one gives: a committed-local head reads only its window
+    without_cache = model.generate(prompt, 10, temperature=0, use_kv_cache=False)
+    assert torch.equal(model.generate(prompt, 10, temperature=0), without_cache)
