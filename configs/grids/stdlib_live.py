@@ -164,6 +164,7 @@ headline = {"reference": "LG", "runs": {
     "routed_per_head_one_head": "learned per-head routing at one head's cost (1 of 8 decisions global)",
     "routed_head_budget_one_head": "learned per-head routing, a budget of one head: the head of highest router "
                                    "bias is global (no penalty)",
+    "routed_head_budget_one_head_commit": "the same, and heads whose decisions held 250 steps commit to their path",
     "dense_then_routed": "2500 dense steps, then 2500 routed (lambda 0.01) on the next batches",
 }}
 evaluate = {"eval_tokens": 65536, "key_window": 32}
