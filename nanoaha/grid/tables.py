@@ -279,8 +279,9 @@ def results_table(rows, references):
     local_name, dense_name = references.get("local", "local"), references.get("dense", "dense")
     in_training = knows_training_flops(rows)
     header = ["run", "layers", "seeds", "val loss mean [min-max]", "global fraction", "attention FLOPs ideal",
-              "computed (end / training mean)" if in_training else "computed", "KV bytes", "training tokens/s", "wall time", gap_header, "vs best fixed, same seed",
-              f"vs {local_name}, same seed", f"vs {dense_name}, same seed"]
+              "computed (end / training mean)" if in_training else "computed", "KV bytes", "training tokens/s",
+              "wall time", gap_header, "vs best fixed, same seed", f"vs {local_name}, same seed",
+              f"vs {dense_name}, same seed"]
     if key:
         header[4:4] = ["key-token loss mean [min-max]"]
         header += [f"key-token loss vs {local_name}, same seed", f"key-token loss vs {dense_name}, same seed"]
@@ -492,7 +493,8 @@ def headline_table(rows, runs, reference):
     """The README's table: per run (runs: {run: what it is}), all-token and key-token val loss, the same-seed
     difference to `reference` on both with how many seeds agree, the copy-head count (the seeds whose repeat probe
     ends at COPY_HEAD_GAIN or more, of those probed during training), attention FLOPs ideal (the trained model's
-    decisions) and as computed in training (the mean over the run's logged steps), KV-cache bytes and training tokens/s, each from the seeds the record has."""
+    decisions) and as computed in training (the mean over the run's logged steps), KV-cache bytes and training
+    tokens/s, each from the seeds the record has."""
     by_name = {row.run: row for row in rows}
     ref = by_name[reference]
     computed = "flops_training" if knows_training_flops(rows) else "flops_computed"  # older records: the end's
