@@ -69,7 +69,7 @@ class GPTConfig:
     @property
     def layer_letters(self):
         """The schedule repeated to n_layer letters, e.g. 'LLLLLG' with n_layer=8 -> 'LLLLLGLL'."""
-        return "".join(self.schedule[i % len(self.schedule)] for i in range(self.n_layer))
+        return repeated_schedule(self.schedule, self.n_layer)
 
     @property
     def kinds(self):
@@ -79,9 +79,14 @@ class GPTConfig:
         """This config with another schedule (a reference model of the same shape, a pruned one): a budget of
         heads (router_global_heads) keeps its count where the schedule leaves that many routed heads, and is
         capped at the routed heads left (none: no budget)."""
-        letters = "".join(schedule[i % len(schedule)] for i in range(self.n_layer))
-        return dataclasses.replace(self, schedule=schedule, router_global_heads=min(
-            self.router_global_heads, letters.count("R") * self.n_head))
+        routed_heads = repeated_schedule(schedule, self.n_layer).count("R") * self.n_head
+        return dataclasses.replace(self, schedule=schedule,
+                                   router_global_heads=min(self.router_global_heads, routed_heads))
+
+
+def repeated_schedule(schedule, n_layer):
+    """A schedule's letters repeated to n_layer layers."""
+    return "".join(schedule[i % len(schedule)] for i in range(n_layer))
 
 
 @dataclass

@@ -171,8 +171,9 @@ def tensorboard_scalars(prefix, stats, kinds):
 
 def collapsed_layers(stats, kinds, threshold, decided=()):
     """Routed layers with learned routers (random routing has no p: its rate is a setting, not a collapse) whose
-    global fraction (heads averaged) is below threshold; decided: layers whose heads all committed to a path
-    (router_commit_after), which chose it rather than collapsed into it."""
+    global fraction (heads averaged) is below threshold; decided: layers that chose to be local rather than
+    collapsed into it (every head committed to a path, router_commit_after; or given no head by a budget of
+    heads, router_global_heads)."""
     return [i for i, kind in enumerate(kinds) if kind == "routed" and i not in decided
             and not stats["mean_p"][i].isnan().all() and stats["global_frac"][i].mean().item() < threshold]
 
