@@ -5,7 +5,7 @@ Where things are:
                               attention output), sigmoid, hard threshold, STE
 - Attention.forward           q, k, v and the router, then kernels/layer.py: the layer's attention for a whole
                               sequence or per cached token, and the query-key pairs it computed
-- run_mode                    which routed mode a call runs ('exact' or 'sparse')
+- run_mode                    which routed mode a call runs ('exact', 'sparse' or 'sampled')
 - Routing                     how one call's routed layers decide (mode, threshold, forced global or local)
 - router_penalty              the loss is LM loss + lambda * mean router probability (the L1 penalty)
 - check_model_config          (the end of the file) the config's one-line errors
@@ -25,7 +25,9 @@ from kernels.attention import BACKENDS
 from kernels.layer import layer_attention
 
 KIND_OF_LETTER = {"G": "dense", "L": "local", "R": "routed"}
-RUNTIME_KEYS = {"attention_backend", "routed_mode", "router_threshold", "router_explore"}  # may change between runs
+ROUTED_MODES = ("exact", "sparse", "sampled")
+RUNTIME_KEYS = {"attention_backend", "routed_mode", "routed_exact_frac", "router_threshold",
+                "router_explore"}  # may change between runs
 
 
 @dataclass
@@ -57,7 +59,10 @@ class GPTConfig:
                                     # highest router bias may go global, the others are local; with
                                     # router_per_token=False the k are global for every token (no threshold),
                                     # with router_per_token=True they route per token (p >= threshold)
-    routed_mode: str = "exact"      # 'exact': full + local for every token; 'sparse': full only where gated
+    routed_mode: str = "exact"      # 'exact': full + local for every token; 'sparse': full only where gated;
+                                    # 'sampled': exact for the first routed_exact_frac of each batch's sequences
+                                    # (the routers' gradient, scaled up), sparse for the rest (kernels/layer.py)
+    routed_exact_frac: float = 0.25  # 'sampled' mode's share of exact sequences (at least one per batch)
     attention_backend: str = "auto"
     rope_base: float = 10000.0
     position_embedding: str = "rope"  # 'rope', or 'learned' absolute positions (GPT-2's, for init_from='gpt2')
@@ -105,9 +110,9 @@ class GPTOutput:
 @dataclass(frozen=True)
 class Routing:
     """How the routed layers decide and compute at one call of GPT.forward; the default is the trained model.
-    mode: what they compute in a call with a gradient, 'exact' or 'sparse' (None: config.routed_mode; a call
-    without a gradient runs 'sparse', run_mode). threshold: gate = p >= threshold (None: config.router_threshold;
-    evaluation sweeps it). force: 'global' or 'local', every decision of the routed layers in `layers` (None:
+    mode: what they compute in a call with a gradient, 'exact', 'sparse' or 'sampled' (None: config.routed_mode;
+    a call without a gradient runs 'sparse', run_mode). threshold: gate = p >= threshold (None:
+    config.router_threshold; evaluation sweeps it). force: 'global' or 'local', every decision of the routed layers in `layers` (None:
     all of them) runs that path whatever the router says, while the router still gets its straight-through
     gradient (exact mode) from both paths."""
     mode: str | None = None
@@ -116,8 +121,8 @@ class Routing:
     layers: frozenset | None = None
 
     def __post_init__(self):
-        if self.mode not in (None, "exact", "sparse"):
-            raise ValueError(f"Routing(mode={self.mode!r}): use 'exact', 'sparse' or None")
+        if self.mode not in (None, *ROUTED_MODES):
+            raise ValueError(f"Routing(mode={self.mode!r}): use 'exact', 'sparse', 'sampled' or None")
         if self.threshold is not None and not 0.0 <= self.threshold <= 1.0:
             raise ValueError(f"Routing(threshold={self.threshold}) must be in [0, 1]")
         if self.force not in (None, "global", "local"):
@@ -252,7 +257,7 @@ class Attention(nn.Module):
         self.router = Router(config) if learned else None
 
     def forward(self, x, cos, sin, mode, threshold=None, force=None, cache=None, chosen=None):
-        """mode: what routed layers compute ('exact' or 'sparse', from run_mode); threshold: the router's
+        """mode: what routed layers compute ('exact', 'sparse' or 'sampled', from run_mode); threshold: the router's
         (None: the trained one); force: 'global' or 'local' (Routing); chosen: the head budget's global heads
         (GPT.chosen_heads). Returns (output, hard gate, p, query-key pairs computed)."""
         B, T, C = x.shape
@@ -269,7 +274,8 @@ class Attention(nn.Module):
 
         out = layer_attention(q, k, v, self.kind, cfg.window, cfg.n_sink, route=route,
                               sees_local=self.router is not None and cfg.router_sees_local, mode=mode,
-                              backend=cfg.attention_backend, cache=cache, paths=self.paths(force))
+                              backend=cfg.attention_backend, cache=cache, paths=self.paths(force),
+                              exact_frac=cfg.routed_exact_frac)
         y = out.y.transpose(1, 2).reshape(B, T, C)
         return self.dropout(self.proj(y)), out.hard, out.p, out.keys
 
@@ -610,8 +616,11 @@ def check_model_config(cfg):
                          "global anyway: drop router_explore")
     if not 0.0 <= cfg.router_explore <= 1.0:
         raise ValueError(f"router_explore={cfg.router_explore} must be a fraction in [0, 1]")
-    if cfg.routed_mode not in ("exact", "sparse"):
-        raise ValueError(f"routed_mode={cfg.routed_mode!r}: use 'exact' or 'sparse'")
+    if cfg.routed_mode not in ROUTED_MODES:
+        raise ValueError(f"routed_mode={cfg.routed_mode!r}: use 'exact', 'sparse' or 'sampled'")
+    if isinstance(cfg.routed_exact_frac, bool) or not 0.0 < cfg.routed_exact_frac <= 1.0:
+        raise ValueError(f"routed_exact_frac={cfg.routed_exact_frac} must be a fraction in (0, 1]: the share of "
+                         f"each batch's sequences that 'sampled' mode runs exact")
     rates = cfg.random_global_q if isinstance(cfg.random_global_q, list) else [cfg.random_global_q]
     if isinstance(cfg.random_global_q, list) and len(rates) != cfg.n_layer:
         raise ValueError(f"random_global_q has {len(rates)} rates for {cfg.n_layer} layers: give one per layer")

@@ -5,13 +5,17 @@ it), runs the kernels, and counts the query-key pairs it computed: the routing s
 (nanoaha/routing_stats.py) instead of re-deriving what ran.
 
     layer_attention(q, k, v, kind, window, n_sink, route=..., sees_local=..., mode=..., backend=..., cache=...,
-                    paths=...)
+                    paths=..., exact_frac=...)
 
 route(local, token) -> (hard, gate, p): the layer's routing decision; local is the heads' local output where the
 router reads it (sees_local), else None; token None decides for the whole sequence, an int for that position of
 the new tokens (decode). cache: duck-typed like model.KVCache (write, length, window_keys, all_keys).
 paths (routed layers): None, every head routed, or one int per head: -1 routed, 0 committed to local, 1 committed
 to global; a committed head computes only its path (its router's decision must be that path).
+mode: 'exact' or 'sparse' (kernels/attention.py), or 'sampled': the first exact_rows(B, exact_frac) sequences of
+the batch run 'exact' and carry the router's straight-through gradient, scaled by B / rows (an unbiased estimate
+of exact mode's), the others run 'sparse' with no router gradient; so training computes the ideal cost plus
+exact_frac of what 'exact' adds.
 """
 from typing import NamedTuple
 
@@ -36,12 +40,22 @@ def keys_read(kind, T, window, n_sink, device=None):
     return torch.clamp(t + 1, max=window) + torch.clamp(t + 1 - window, min=0).clamp(max=n_sink)
 
 
-def sequence_keys(kind, hard, mode, T, window, n_sink, B=1, H=1, device=None, paths=None):
+def exact_rows(B, exact_frac):
+    """'sampled' mode: how many of a batch's B sequences (the first ones) run 'exact', at least one."""
+    return min(B, max(1, round(B * exact_frac)))
+
+
+def sequence_keys(kind, hard, mode, T, window, n_sink, B=1, H=1, device=None, paths=None, exact_frac=None):
     """Query-key pairs a whole-sequence call computes, summed over (B, H, T): dense and local read their keys;
     a routed layer reads the window for every token, plus every causal key for every token ('exact', which
-    needs the full output for the straight-through gradient) or for the global ones only ('sparse'). hard:
-    bool (B, H, T) for routed layers. paths: a routed layer's heads committed to local or global (head_groups)
-    read that kind's keys alone."""
+    needs the full output for the straight-through gradient) or for the global ones only ('sparse'), or each
+    for its rows ('sampled', exact_frac). hard: bool (B, H, T) for routed layers. paths: a routed layer's heads
+    committed to local or global (head_groups) read that kind's keys alone."""
+    if mode == "sampled" and kind == "routed":
+        n = exact_rows(hard.shape[0], exact_frac)
+        exact = sequence_keys(kind, hard[:n], "exact", T, window, n_sink, device=device, paths=paths)
+        return exact if n == hard.shape[0] else \
+            exact + sequence_keys(kind, hard[n:], "sparse", T, window, n_sink, device=device, paths=paths)
     groups = head_groups(paths, kind, None if hard is None else hard.shape[1])
     if groups is not None:
         return sum(sequence_keys(group, hard[:, head_index(heads)] if group == "routed" else None, mode, T, window,
@@ -82,7 +96,7 @@ def head_index(heads):
 
 
 def layer_attention(q, k, v, kind, window, n_sink=0, route=None, sees_local=False, mode="exact", backend="auto",
-                    cache=None, paths=None):
+                    cache=None, paths=None, exact_frac=None):
     """q, k, v: (B, H, T, D) of the new positions. Returns LayerAttention. A cache that holds positions already
     takes the decode path; an empty one is filled by the sequence path (the prefill)."""
     B, H, T, _ = q.shape
@@ -94,14 +108,41 @@ def layer_attention(q, k, v, kind, window, n_sink=0, route=None, sees_local=Fals
         if sees_local:  # computed once: the router reads it, the routed kernel combines it
             local = attention(q, k, v, kind="local", window=window, n_sink=n_sink, backend=backend)
         hard, gate, p = route(local, None)
-    if groups is None:
-        y = attention(q, k, v, kind=kind, window=window, n_sink=n_sink, gate=gate, mode=mode, backend=backend,
-                      local=local)
-    else:
-        y = _committed_attention(q, k, v, groups, window, n_sink, gate, mode, backend, local)
+    if mode == "sampled" and kind == "routed":
+        y = _sampled_attention(q, k, v, groups, window, n_sink, gate, backend, local, exact_rows(B, exact_frac))
+    else:  # a mode means nothing to a dense or local layer
+        y = _sequence_attention(q, k, v, kind, groups, window, n_sink, gate, "exact" if mode == "sampled" else mode,
+                                backend, local)
     if cache is not None:
         cache.write(k, v)
-    return LayerAttention(y, hard, p, sequence_keys(kind, hard, mode, T, window, n_sink, B, H, q.device, paths))
+    return LayerAttention(y, hard, p, sequence_keys(kind, hard, mode, T, window, n_sink, B, H, q.device, paths,
+                                                    exact_frac))
+
+
+def _sequence_attention(q, k, v, kind, groups, window, n_sink, gate, mode, backend, local):
+    if groups is None:
+        return attention(q, k, v, kind=kind, window=window, n_sink=n_sink, gate=gate, mode=mode, backend=backend,
+                         local=local)
+    return _committed_attention(q, k, v, groups, window, n_sink, gate, mode, backend, local)
+
+
+def _sampled_attention(q, k, v, groups, window, n_sink, gate, backend, local, n):
+    """'sampled' mode: the first n sequences exact, their gate's gradient scaled by B / n (the router's
+    straight-through gradient from a sample of the batch, unbiased: the penalty still sees every token); the
+    other sequences sparse, their gate detached (sparse mode's gradient, from gated tokens only, is one-sided)."""
+    B = q.shape[0]
+    hard = gate.detach()
+    exact_gate = hard[:n] + (gate[:n] - hard[:n]) * (B / n)
+    def rows(x, part):
+        return None if x is None else x[part]
+    first, rest = slice(None, n), slice(n, None)
+    y = _sequence_attention(q[first], k[first], v[first], "routed", groups, window, n_sink, exact_gate, "exact",
+                            backend, rows(local, first))
+    if n == B:
+        return y
+    y_rest = _sequence_attention(q[rest], k[rest], v[rest], "routed", groups, window, n_sink, hard[rest], "sparse",
+                                 backend, rows(local, rest))
+    return torch.cat([y, y_rest])
 
 
 def _committed_attention(q, k, v, groups, window, n_sink, gate, mode, backend, local):

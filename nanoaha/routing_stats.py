@@ -6,10 +6,11 @@ colours tokens by them.
 Attention cost is counted in keys read per query (query-key pairs), relative to dense causal attention:
 - ideal: what the gates ask for: a global token reads keys 0 .. t, a local one its window and sinks;
 - computed: what the kernels computed, as kernels/layer.py counts it where it runs them: 'exact' runs local and
-  full attention for every routed token, 'sparse' local for every token plus full for the gated ones
-  (forced-global steps run 'exact'). Tile padding inside a kernel is not counted. Evaluation and generation run 'sparse' whatever the model trains in (no gradient
-  needs the full output of a local token), so reports count 'computed' for the mode the model trains in (the
-  cost of training on those tokens) and 'inference' for what the pass ran.
+  full attention for every routed token, 'sparse' local for every token plus full for the gated ones, 'sampled'
+  the one on a share of the batch's sequences and the other on the rest (forced-global steps run 'exact').
+  Tile padding inside a kernel is not counted. Evaluation and generation run 'sparse' whatever the model trains
+  in (no gradient needs the full output of a local token), so reports count 'computed' for the mode the model
+  trains in (the cost of training on those tokens) and 'inference' for what the pass ran.
 """
 import math
 
@@ -62,7 +63,7 @@ def routing_stats(output, config, mode=None):
         ran_keys = keys / pairs  # what the pass's kernels computed (kernels/layer.py), per (sequence, head)
         computed_keys = ran_keys if counted == output.routed_mode or kind != "routed" else \
             sequence_keys(kind, hard, counted, T, config.window, config.n_sink, device=device,
-                          paths=layer_paths) / pairs  # another mode's
+                          paths=layer_paths, exact_frac=config.routed_exact_frac) / pairs  # another mode's
         global_frac.append(frac)
         mean_p.append(p.float().mean(dim=(0, 2)) if p is not None else torch.full((H,), math.nan, device=device))
         ideal.append(ideal_keys / dense_keys.sum())

@@ -108,10 +108,10 @@ def check_config(tcfg, mcfg):
     if tcfg.router_local_iters > 0 and not learned:
         raise ValueError("router_local_iters holds learned routers local: a schedule with R and routing='learned'")
     held = tcfg.router_local_iters
-    if held > 0 and mcfg.routed_mode != "exact" and tcfg.sparse_from_iter < held:  # exact before sparse_from_iter
-        raise ValueError(f"router_local_iters={held}: the routers learn from both attentions, which only "
-                         f"routed_mode='exact' computes; use routed_mode='exact', or sparse_from_iter={held} or later "
-                         f"(exact mode through the held steps)")
+    if held > 0 and mcfg.routed_mode == "sparse" and tcfg.sparse_from_iter < held:  # exact before sparse_from_iter
+        raise ValueError(f"router_local_iters={held}: the routers learn from both attentions, which sparse mode "
+                         f"does not compute for local tokens; use routed_mode='exact' or 'sampled', or "
+                         f"sparse_from_iter={held} or later (exact mode through the held steps)")
     if tcfg.router_local_iters > 0 and mcfg.router_explore > 0:
         raise ValueError("router_local_iters holds every routed decision local, router_explore sends some global: "
                          "set one of them to 0")

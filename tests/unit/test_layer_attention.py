@@ -1,14 +1,15 @@
 """kernels/layer.py, one layer's attention: the local output a router reads is computed once and gives the same
 outputs and gradients as the routed kernel computing its own, and the query-key pairs it reports are those its
 kernels computed (sequence and decode); heads committed to a path (paths=) compute only that path, with the
-outputs and gradients of the same decisions routed."""
+outputs and gradients of the same decisions routed; 'sampled' mode gives exact mode's outputs and weight
+gradients, and the router's gradient from its exact sequences only, scaled up."""
 import pytest
 import torch
 
 import kernels.layer
 from kernels import torch_attention
 from kernels.attention import attention
-from kernels.layer import keys_read, layer_attention, sequence_keys
+from kernels.layer import exact_rows, keys_read, layer_attention, sequence_keys
 from model import KVCache
 from test_torch_attention import make_inputs
 
@@ -232,3 +233,41 @@ def test_decode_with_committed_heads_is_decode_without_paths(sees_local):
     want = B * H * keys_read("local", T, window, 1)[10:].sum() + (a.hard.sum((0, 1)) * torch.arange(11, T + 1)).sum()
     assert a.keys.item() == want.item()
     assert a.hard[:, 0].all() and not a.hard[:, 1].any()
+
+
+def test_exact_rows_takes_a_share_of_the_batch_and_at_least_one():
+    assert [exact_rows(4, frac) for frac in (0.01, 0.25, 0.5, 1.0)] == [1, 1, 2, 4]
+    assert exact_rows(8, 0.125) == 1 and exact_rows(8, 0.3) == 2 and exact_rows(1, 0.25) == 1
+
+
+@pytest.mark.parametrize("paths", [None, (1, 0, -1, -1)])
+@pytest.mark.parametrize("backend", ["torch", "reference"])
+@pytest.mark.parametrize("exact_frac, n", [(0.25, 1), (0.5, 2), (1.0, 4)])
+def test_sampled_mode_is_exact_with_the_router_gradient_of_its_exact_sequences(exact_frac, n, backend, paths):
+    """The same outputs and q, k, v gradients as exact mode (both modes' weight gradients are those of the
+    decisions); the router's gradient (dp) is exact mode's on the first n sequences times B / n and zero on the
+    others, so its expectation over which sequences come first is exact mode's."""
+    B, H, T, window, n_sink = 4, 4, 40, 8, 2
+    q, k, v, _ = make_inputs(B=B, H=H, T=T, dtype=torch.float32)
+    grad_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(5))
+
+    def run(mode):
+        route, p = committed_route(paths or (-1,) * H, B, H, T)
+        out = layer_attention(q, k, v, "routed", window, n_sink, route=route, mode=mode, backend=backend,
+                              paths=paths, exact_frac=exact_frac)
+        return out, (out.y, *torch.autograd.grad(out.y, (q, k, v, p), grad_out))
+
+    (sampled, (y, dq, dk, dv, dp)), (exact, (y_e, dq_e, dk_e, dv_e, dp_e)) = run("sampled"), run("exact")
+    for name, a, b in (("y", y, y_e), ("dq", dq, dq_e), ("dk", dk, dk_e), ("dv", dv, dv_e),
+                       ("dp of the exact sequences", dp[:n], dp_e[:n] * (B / n))):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=f"{name} differs")
+    assert dp[n:].abs().sum() == 0 and dp_e[n:].abs().sum() > 0 if n < B else True
+    assert dp[:n].abs().sum() > 0
+    hard = sampled.hard
+    want = sequence_keys("routed", hard[:n], "exact", T, window, n_sink, paths=paths) + (
+        sequence_keys("routed", hard[n:], "sparse", T, window, n_sink, paths=paths) if n < B else 0)
+    assert sampled.keys.item() == pytest.approx(float(want))
+    assert sequence_keys("routed", hard, "sampled", T, window, n_sink, paths=paths,
+                         exact_frac=exact_frac).item() == pytest.approx(float(want))
+    sparse_keys = sequence_keys("routed", hard, "sparse", T, window, n_sink, paths=paths)
+    assert sparse_keys < sampled.keys <= exact.keys and (sampled.keys < exact.keys) == (n < B)

@@ -65,7 +65,7 @@ def test_straight_through_gradient_of_the_gate_is_that_of_p():
     torch.testing.assert_close(router.logits.bias.grad, expected)
 
 
-@pytest.mark.parametrize("mode", ["exact", "sparse"])
+@pytest.mark.parametrize("mode", ["exact", "sparse", "sampled"])
 def test_model_outputs_and_gradients_match_the_reference_backend(mode):
     """The torch backend against explicit masks in the same mode: logits and every parameter's gradient
     (the router's included, which differs between the modes)."""
@@ -172,18 +172,19 @@ def test_routing_stats_global_fraction_per_layer_and_head():
     assert counts.shape == (3, 40) and torch.equal(counts, out.gates[0].sum(1))
 
 
-@pytest.mark.parametrize("mode", ["exact", "sparse"])
+@pytest.mark.parametrize("mode", ["exact", "sparse", "sampled"])
 @pytest.mark.parametrize("bias", [30.0, -30.0])
 def test_routed_layer_flop_fraction_ideal_and_computed(mode, bias):
     """All global: ideal 1 (dense); all local: ideal = the local fraction. Computed: exact mode runs local and
-    full for every token; sparse mode local for all and full for the gated ones."""
-    cfg = small_config(schedule="R", n_layer=1, window=8, n_sink=2, routed_mode=mode)
+    full for every token; sparse mode local for all and full for the gated ones; sampled mode exact for the
+    first of the batch's 4 sequences (routed_exact_frac 0.25), sparse for the others."""
+    cfg = small_config(schedule="R", n_layer=1, window=8, n_sink=2, routed_mode=mode, routed_exact_frac=0.25)
     model = with_router_bias(GPT(cfg), bias)
-    x = tokens(T=48)
+    x = tokens(B=4, T=48)
     stats = routing_stats(model(x, x), cfg)
     local = (keys_read("local", 48, 8, 2).sum() / keys_read("dense", 48, 8, 2).sum()).float()
     ideal = torch.tensor(1.0) if bias > 0 else local
-    computed = 1 + local if mode == "exact" or bias > 0 else local
+    computed = 1 + local if mode == "exact" or bias > 0 else local + 0.25 if mode == "sampled" else local
     torch.testing.assert_close(stats["ideal_flop_frac"], ideal[None])
     torch.testing.assert_close(stats["computed_flop_frac"], computed[None])
     forced = routing_stats(model(x, x, Routing(force="global")), cfg)  # forced-global steps run exact mode

@@ -124,9 +124,11 @@ def test_router_local_iters_with_sparse_mode_accepts_the_advice_it_gives(tmp_pat
     def check(**values):
         check_config(*train_configs({"schedule": "R", "router_local_iters": 2, **values}))
 
-    with pytest.raises(ValueError, match="use routed_mode='exact', or sparse_from_iter=2 or later") as e:
+    with pytest.raises(ValueError, match="use routed_mode='exact' or 'sampled', or sparse_from_iter=2 or later") \
+            as e:
         check(routed_mode="sparse", sparse_from_iter=1)
     assert "\n" not in str(e.value)
+    check(routed_mode="sampled")  # its exact sequences give the held routers both attentions
     check(routed_mode="sparse", sparse_from_iter=2)  # exact through the held steps 0 and 1
     check(routed_mode="sparse", sparse_from_iter=5)
 
@@ -168,3 +170,14 @@ def test_a_full_disk_while_saving_a_checkpoint_is_one_line_and_keeps_the_previou
         checkpoint.save_best(path, best)
     monkeypatch.undo()
     assert checkpoint.load_checkpoint(best, "cpu")["iter_num"] == 1
+
+
+@pytest.mark.parametrize("values, expected", [
+    ({"routed_mode": "dense"}, "routed_mode='dense': use 'exact', 'sparse' or 'sampled'"),
+    ({"routed_mode": "sampled", "routed_exact_frac": 0.0}, r"routed_exact_frac=0.0 must be a fraction in \(0, 1\]"),
+    ({"routed_mode": "sampled", "routed_exact_frac": 1.5}, r"routed_exact_frac=1.5 must be a fraction in \(0, 1\]"),
+])
+def test_a_routed_mode_that_cannot_run_is_refused_in_one_line(values, expected):
+    with pytest.raises(ValueError, match=expected) as e:
+        GPTConfig(schedule="R", **values)
+    assert "\n" not in str(e.value)
