@@ -68,6 +68,12 @@ runs = {
     # one-head mechanism of the two-seed screen, against LR_one_global_head)
     "routed_head_budget_one_head_commit": {"schedule": "R", "router_per_token": False, "router_global_heads": 1,
                                            "router_lambda": 0.0, "router_commit_after": 250, "seeds": _five},
+    # ... and trained in 'sampled' mode: 1 of each batch's 4 sequences computes both paths (the routers' gradient),
+    # the others only what their heads decided, so the steps before the heads commit cost less
+    "routed_head_budget_one_head_commit_sampled": {"schedule": "R", "router_per_token": False,
+                                                   "router_global_heads": 1, "router_lambda": 0.0,
+                                                   "router_commit_after": 250, "routed_mode": "sampled",
+                                                   "routed_exact_frac": 0.25, "seeds": [1, 2]},
     # diagnosis: per-head routing at one head's cost settles on the fixed row's layout near step 800 yet grows no
     # copy head. Its first 800 steps again (the same schedule and batches), then that layout fixed for the other
     # 4200 steps (random routing at the per-head fractions of its step-800 evaluation, 0 or 1; the learning rate
@@ -143,6 +149,10 @@ comparisons = {
         ("routed_head_budget_one_head_commit", "LR_one_global_head"),
     "a budget of one head: heads that commit vs not": ("routed_head_budget_one_head_commit",
                                                        "routed_head_budget_one_head"),
+    "a budget of one head whose heads commit: sampled vs exact mode": ("routed_head_budget_one_head_commit_sampled",
+                                                                     "routed_head_budget_one_head_commit"),
+    "a budget of one head whose heads commit, sampled mode, vs one fixed global head":
+        ("routed_head_budget_one_head_commit_sampled", "LR_one_global_head"),
     "LR: per-head vs per-token routers": ("LR_per_head", "LR"),
     "LR with per-head routers vs one fixed global head": ("LR_per_head", "LR_one_global_head"),
     "at one head's cost, learned per-head routing vs one fixed global head":
