@@ -4,6 +4,7 @@ same layout routed, fixed and dense; forward + backward of one layer, torch back
 The layout: head 0 global, the other heads local. Candidates:
 - routed exact: every head routed (decisions = the layout, straight-through gate), 'exact' mode, as training
   computes before the heads commit;
+- routed sampled: the same in 'sampled' mode (--exact-frac of the batch's sequences exact, the others sparse);
 - committed: paths (1, 0, 0, ...): head 0 dense alone, the others their window alone ('exact' mode: nothing of
   it runs for committed heads);
 - fixed sparse: the fixed schedule with the same layout, a routed layer in 'sparse' mode whose gate (head 0 all
@@ -42,11 +43,12 @@ def parse_args():
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--clock", choices=["wall", "process"], default="wall",
                    help="wall: time.perf_counter; process: this process's CPU time (time.process_time)")
+    p.add_argument("--exact-frac", type=float, default=0.25, help="routed sampled: share of sequences run exact")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args()
 
 
-def candidates(q, k, v, p, window):
+def candidates(q, k, v, p, window, exact_frac):
     """name -> a call returning (LayerAttention, the leaves its backward reaches)."""
     B, H, T, _ = q.shape
     hard = torch.zeros(B, H, T, dtype=torch.bool)
@@ -60,13 +62,15 @@ def candidates(q, k, v, p, window):
         return hard, hard.float(), p.detach()
 
     def run(kind, route, mode="exact", paths=None):
-        return lambda: layer_attention(q, k, v, kind, window, route=route, mode=mode, backend="torch", paths=paths)
+        return lambda: layer_attention(q, k, v, kind, window, route=route, mode=mode, backend="torch", paths=paths,
+                                       exact_frac=exact_frac)
 
     return {
         "(a) routed exact": run("routed", routed),
-        "(b) committed": run("routed", fixed, paths=committed),
-        "(c) fixed sparse": run("routed", fixed, mode="sparse"),
-        "(d) dense": run("dense", None),
+        "(b) routed sampled": run("routed", routed, mode="sampled"),
+        "(c) committed": run("routed", fixed, paths=committed),
+        "(d) fixed sparse": run("routed", fixed, mode="sparse"),
+        "(e) dense": run("dense", None),
     }
 
 
@@ -88,13 +92,14 @@ def main():
     q, k, v = (torch.randn(B, H, T, D, generator=g).requires_grad_() for _ in range(3))
     p = torch.rand(B, H, T, generator=g).requires_grad_()
     grad_out = torch.randn(B, H, T, D, generator=g)
-    fns = candidates(q, k, v, p, window)
+    fns = candidates(q, k, v, p, window, args.exact_frac)
     clock = time.process_time if args.clock == "process" else time.perf_counter
     ideal = B * (keys_read("dense", T, window, 0).sum() + (H - 1) * keys_read("local", T, window, 0).sum()).item()
 
     print("command: python " + shlex.join(sys.argv))
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; B={B} H={H} T={T} D={D} w={window}, "
-          f"fp32, forward+backward of one layer, {args.rounds} rounds, {args.clock} clock")
+          f"fp32, forward+backward of one layer, {args.rounds} rounds, {args.clock} clock; "
+          f"sampled: exact_frac {args.exact_frac}")
     print(f"layout: head 0 global, heads 1-{H - 1} local; load average before: {os.getloadavg()[0]:.2f}\n")
     names = list(fns)
     seconds, keys = {name: [] for name in names}, {}
@@ -103,8 +108,8 @@ def main():
             s, keys[name] = time_forward_backward(fns[name], grad_out, (q, k, v, p), clock)
             if r > 0:  # round 0 warms up: allocator, thread pool, first-call dispatch
                 seconds[name].append(s)
-    fixed = seconds["(c) fixed sparse"]
-    print("| candidate | ms / call (median) | time / (c) [min, max] | pairs / ideal |")
+    fixed = seconds["(d) fixed sparse"]
+    print("| candidate | ms / call (median) | time / (d) [min, max] | pairs / ideal |")
     print("|---|---|---|---|")
     for name in names:
         ratios = [a / b for a, b in zip(seconds[name], fixed)]

@@ -6,7 +6,9 @@
 - 16-bit inputs on the CPU: dense attention runs in bf16/fp16, local and gated attention in fp32
   (_masked_dtype), softmax statistics in fp32 on every path.
 - routed, 'sparse': local output for every token, full output only for gated tokens (kernels/gates.py
-  compacts them), over key blocks merged by their log-sum-exps (RoutedSparseAttention).
+  compacts them), over key blocks merged by their log-sum-exps (RoutedSparseAttention); a head whose every
+  token is gated runs dense attention, one with none its window alone (_sparse_by_head: compacted rows are
+  padded to the most gated tokens of any head, so one all-global head made every head compute them all).
 
 Forward and backward are written out on `attend` / `attend_backward`: attention over one block of keys
 that also returns the log-sum-exp, and its backward given the output and log-sum-exp over all the blocks
@@ -335,10 +337,38 @@ def routed_attention(q, k, v, gate, window, n_sink=0, mode="exact", local=None):
     if mode == "exact":
         local = local_attention(q, k, v, window, n_sink) if local is None else local
         return combine(local, dense_attention(q, k, v), gate)
+    gated = gate.detach() > 0.5
+    every, some = gated.all(2).all(0).tolist(), gated.any(2).any(0).tolist()  # per head
+    if any(every) or not all(some):
+        return _sparse_by_head(q, k, v, gate, window, n_sink, local, every, some)
     dtype = _masked_dtype(q)
     if local is not None:
-        pos, valid = compact_gates(gate.detach() > 0.5)
+        pos, valid = compact_gates(gated)
         full = GatedRowsAttention.apply(q.to(dtype), k.to(dtype), v.to(dtype), pos)
         return combine_rows(local, full, gate, pos, valid)[0]
     return RoutedSparseAttention.apply(q.to(dtype), k.to(dtype), v.to(dtype), gate, window,
                                        min(n_sink, q.shape[2])).to(q.dtype)
+
+
+def _sparse_by_head(q, k, v, gate, window, n_sink, local, every, some):
+    """routed_attention's 'sparse' mode where some heads have every token gated (every) or none (not some), as a
+    per-head router decides: those heads run dense attention (combined with the local output, which the
+    straight-through gradient needs) or their local output alone, the others the compacted rows."""
+    local = local_attention(q, k, v, window, n_sink) if local is None else local
+    y = torch.empty_like(local)
+    groups = {"dense": [h for h, all_gated in enumerate(every) if all_gated],
+              "mixed": [h for h, (a, s) in enumerate(zip(every, some)) if s and not a]}
+    for kind, heads in groups.items():
+        if not heads:
+            continue
+        i = slice(heads[0], heads[-1] + 1) if heads == list(range(heads[0], heads[-1] + 1)) else heads
+        if kind == "dense":
+            y[:, i] = combine(local[:, i], dense_attention(q[:, i], k[:, i], v[:, i]), gate[:, i])
+        else:
+            y[:, i] = routed_attention(q[:, i], k[:, i], v[:, i], gate[:, i], window, n_sink, "sparse", local[:, i])
+    ungated = [h for h, s in enumerate(some) if not s]
+    if ungated:
+        # no token gated: the window's output; the gate's gradient there is zero, as sparse mode's, and the gate
+        # stays in the graph (a caller may ask for its gradient)
+        y[:, ungated] = local[:, ungated] + 0 * gate[:, ungated].unsqueeze(-1).to(local.dtype)
+    return y

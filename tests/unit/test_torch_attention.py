@@ -130,6 +130,31 @@ def test_routed_with_one_head_never_gated(mode):
     assert_matches_reference(q, k, v, gate, "routed", 16, 2, mode, atol=1e-10)
 
 
+@pytest.mark.parametrize("given_local", [False, True])
+@pytest.mark.parametrize("pattern", ["all, none, some", "none, all, all", "some, some, none", "all, all, all"])
+def test_sparse_heads_with_every_token_or_none_gated(pattern, given_local, monkeypatch):
+    """A per-head router's gates: heads with every token gated run dense attention, heads with none their window
+    alone (no compacted rows), the others the compacted rows; outputs and gradients as the reference's."""
+    q, k, v, gate = make_inputs(B=2, H=3, T=200, gate_frac=0.3)
+    with torch.no_grad():
+        for h, which in enumerate(pattern.split(", ")):
+            if which != "some":
+                gate[:, h] = 1.0 if which == "all" else 0.0
+    compacted = []
+    original = torch_attention.compact_gates
+    monkeypatch.setattr(torch_attention, "compact_gates", lambda g: compacted.append(g.shape[1]) or original(g))
+
+    def efficient_given(q, k, v, kind, window, n_sink, gate, mode):
+        local = torch_attention.local_attention(q, k, v, window, n_sink) if given_local else None
+        return torch_attention.routed_attention(q, k, v, gate, window, n_sink, mode, local)
+
+    got = outputs_and_grads(efficient_given, q, k, v, gate, "routed", 16, 2, "sparse")
+    want = outputs_and_grads(reference.reference_attention, q, k, v, gate, "routed", 16, 2, "sparse")
+    for name, a, b in zip(("out", "dq", "dk", "dv", "dgate"), got, want):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10, msg=f"{name} differs")
+    assert compacted == ([pattern.count("some")] if "some" in pattern else [])  # only mixed heads are compacted
+
+
 def test_dense_matches_reference():
     q, k, v, gate = make_inputs(T=100)
     assert_matches_reference(q, k, v, gate, "dense", None, 0, "exact", atol=1e-10)
