@@ -5,9 +5,10 @@
     python bench/train_speed.py --device cpu --compile --threads 2 --rounds 5
     python bench/train_speed.py --quick            # a smoke run at toy size (either mode)
 
-Routed layers use random routing at rate --global_frac (default 0.1), so the sparsity is the one asked for from
-the first step (a fresh learned router starts all-global); the kernels' cost depends only on the gate pattern, so
-the routed rows show the cost of routing at that rate.
+Routed layers in sparse mode use random routing at rate --global_frac (default 0.1), so the sparsity is the one
+asked for from the first step (a fresh learned router starts all-global); the kernels' cost depends only on the
+gate pattern, so those rows show the cost of routing at that rate. R exact has learned routers (random routing
+trains sparse: model.trained_mode); exact mode computes both paths for every token, whatever the gates.
 
 GPU: dense, routed (sparse mode) and local in bf16, one after the other; tokens/s and the ratio to dense.
 
@@ -117,7 +118,8 @@ def cpu_configs(args):
     shape = {"vocab_size": 256, "block_size": args.block_size or mcfg.block_size}
     configs = {}
     for name, kinds in CPU_VARIANTS.items():
-        routing = {"routing": "random", "random_global_q": args.global_frac} if "R" in kinds["schedule"] else {}
+        random = "R" in kinds["schedule"] and kinds.get("routed_mode") == "sparse"
+        routing = {"routing": "random", "random_global_q": args.global_frac} if random else {}
         configs[name] = dataclasses.replace(mcfg, **shape, **kinds, **routing)
     return tcfg, configs
 
