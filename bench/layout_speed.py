@@ -14,6 +14,7 @@ Variants, all from the same init seed:
    global), in 'exact' mode: what such a run computes before its heads commit;
 5. R per-token at LG's cost (exact): per-token routers whose biases make layer 0 local and layer 1 global
    (weights zero, router_init_std=0): what learned per-token routing computes, at LG's ideal cost;
+4s, 5s: 4 and 5 in 'sampled' mode (routed_exact_frac 0.25: 1 of the batch's 4 sequences exact);
 6. G (dense).
 
 A step is forward, backward and AdamW on random tokens (loss: lm_loss; no router penalty, clipping or data
@@ -83,9 +84,15 @@ VARIANTS = {  # name: (GPTConfig settings, setup after building or None)
         {"schedule": "R", "router_per_token": False, "routed_mode": "exact"}, commit(LAYOUT)),
     "(4) R per-head, not committed (exact)": (
         {"schedule": "R", "router_per_token": False, "routed_mode": "exact"}, biases(LAYOUT)),
+    "(4s) R per-head, not committed (sampled)": (
+        {"schedule": "R", "router_per_token": False, "routed_mode": "sampled", "routed_exact_frac": 0.25},
+        biases(LAYOUT)),
     "(5) R per-token at LG's cost (exact)": (
         {"schedule": "R", "router_per_token": True, "router_init_std": 0.0, "routed_mode": "exact"},
         biases([(0, 0, 0, 0), (1, 1, 1, 1)])),
+    "(5s) R per-token at LG's cost (sampled)": (
+        {"schedule": "R", "router_per_token": True, "router_init_std": 0.0, "routed_mode": "sampled",
+         "routed_exact_frac": 0.25}, biases([(0, 0, 0, 0), (1, 1, 1, 1)])),
     "(6) G (dense)": ({"schedule": "G"}, None),
 }
 
