@@ -200,25 +200,32 @@ def heatmap(path, run, per_head, layers):
     return _save(fig, path)
 
 
-HEAD_SCORE_LABELS = {"previous": "previous-token score", "induction": "induction score"}
+HEAD_SCORE_LABELS = {"previous": "previous-token score", "induction": "induction score",
+                     "global": "global share"}
 _LAYER_MAPS = ("Blues", "Oranges", "Greens", "Purples", "Reds", "Greys")
 
 
 def head_scores(path, run, by_seed, layers):
     """Each head's function along training, from the repeat probe train.py runs at every evaluation: per seed (a
-    column), each head's previous-token score (top: a local previous-token head) and each non-local layer's
-    heads' induction score (bottom: a copy head). by_seed: {seed: copy_history}, whose entries' fourth field is
-    {score: [[per head] per layer]}. A colour family per layer, a shade per head."""
+    column), each head's previous-token score (top: a local previous-token head), each non-local layer's heads'
+    induction score (middle: a copy head) and, where a layer is routed, its heads' global share on the probe's
+    tokens (bottom: which heads the routers send global while the scores above change). by_seed: {seed:
+    copy_history}, whose entries' fourth field is {score: [[per head] per layer]}. A colour family per layer, a
+    shade per head."""
     seeds = sorted(by_seed)
-    fig = Figure(figsize=(3.0 * len(seeds) + 1.8, 5.6))
-    axes = fig.subplots(2, len(seeds), squeeze=False, sharex=True, sharey="row")
+    scores = [score for score in HEAD_SCORE_LABELS if score != "global" or "R" in layers and any(
+        "global" in entry[3] for history in by_seed.values() for entry in history if len(entry) > 3 and entry[3])]
+    fig = Figure(figsize=(3.0 * len(seeds) + 1.8, 2.8 * len(scores)))
+    axes = fig.subplots(len(scores), len(seeds), squeeze=False, sharex=True, sharey="row")
     handles = {}
     for col, seed in enumerate(seeds):
         points = [entry for entry in by_seed[seed] if len(entry) > 3 and entry[3] and entry[0] > 0]
-        for row, score in enumerate(HEAD_SCORE_LABELS):
+        for row, score in enumerate(scores):
             ax = axes[row][col]
             for layer, letter in enumerate(layers):
                 if score == "induction" and letter == "L":  # a window holds no earlier copy to attend to
+                    continue
+                if score == "global" and letter != "R":  # a fixed layer's share is its kind
                     continue
                 n_head = len(points[0][3][score][layer]) if points else 0
                 cmap = matplotlib.colormaps[_LAYER_MAPS[layer % len(_LAYER_MAPS)]]
@@ -230,7 +237,7 @@ def head_scores(path, run, by_seed, layers):
             ax.grid(alpha=0.3)
             if row == 0:
                 ax.set_title(f"seed {seed}", fontsize=10)
-            if row == 1:
+            if row == len(scores) - 1:
                 ax.set_xlabel("step")
             if col == 0:
                 ax.set_ylabel(HEAD_SCORE_LABELS[score])

@@ -696,7 +696,8 @@ def test_the_attention_training_computed_is_the_summarys_mean_or_else_its_logs_s
 
 def test_head_scores_plot_every_heads_previous_token_score_and_the_non_local_layers_induction_per_seed(tmp_path):
     """A column per seed; previous-token scores of every layer's heads (top), induction scores of the heads of
-    layers that are not local (bottom); step 0 and entries from before the per-head field are left out."""
+    layers that are not local (middle), routed layers' global shares (bottom); step 0 and entries from before
+    the per-head field are left out."""
     def entry(step, shift):
         heads = {"previous": [[0.1 + shift, 0.2], [0.3, 0.4 + shift]],
                  "induction": [[0.0, 0.0], [0.05 + shift, 0.01]], "global": [[0.0, 0.0], [1.0, 0.0]]}
@@ -715,5 +716,9 @@ def test_head_scores_plot_every_heads_previous_token_score_and_the_non_local_lay
     assert len(axes[0].lines) == 4 and len(axes[2].lines) == 2  # seed 1: step 0 left out, one point a line
     assert [t.get_text() for t in axes[1].get_legend().get_texts()] == [
         "layer 0 (L) head 0", "layer 0 (L) head 1", "layer 1 (R) head 0", "layer 1 (R) head 1"]
+    # the routed layer's heads' global share (bottom row); the local layer has none
+    assert [line.get_xydata().tolist() for line in axes[5].lines] == [[[250, 1.0], [500, 1.0]],
+                                                                       [[250, 0.0], [500, 0.0]]]
+    assert axes[4].get_ylabel() == "global share" and len(axes) == 6
     data = (tmp_path / "heads.png").read_bytes()
     assert data.startswith(b"\x89PNG") and 5_000 < len(data) < 150_000
