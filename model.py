@@ -112,9 +112,9 @@ class Routing:
     """How the routed layers decide and compute at one call of GPT.forward; the default is the trained model.
     mode: what they compute in a call with a gradient, 'exact', 'sparse' or 'sampled' (None: config.routed_mode;
     a call without a gradient runs 'sparse', run_mode). threshold: gate = p >= threshold (None:
-    config.router_threshold; evaluation sweeps it). force: 'global' or 'local', every decision of the routed layers in `layers` (None:
-    all of them) runs that path whatever the router says, while the router still gets its straight-through
-    gradient (exact mode) from both paths."""
+    config.router_threshold; evaluation sweeps it). force: 'global' or 'local', every decision of the routed
+    layers in `layers` (None: all of them) runs that path whatever the router says, while the router still gets
+    its straight-through gradient (exact mode) from both paths."""
     mode: str | None = None
     threshold: float | None = None
     force: str | None = None
@@ -459,17 +459,26 @@ class GPT(nn.Module):
     def num_params(self):
         return sum(p.numel() for p in self.parameters())
 
-    def cache_kinds(self):
-        """Per layer, the kind whose keys its KV cache must hold: a routed layer whose heads are all fixed to the
-        local path (committed, or random routing at rate 0 for each head) reads only its window, as a local
-        layer does; the others their kind."""
-        return ["local" if (paths := block.attn.paths()) is not None and set(paths) == {0} else kind
+    def window_heads(self):
+        """Per layer, the heads whose KV cache holds only the window (and sinks): every head of a local layer,
+        and a routed layer's heads fixed to the local path (committed, or random routing at rate 0 for the
+        head), which read nothing else; the others keep every position (a later query may go global)."""
+        return [list(range(self.config.n_head)) if kind == "local" else
+                [h for h, path in enumerate(block.attn.paths() or ()) if path == 0] if kind == "routed" else []
                 for block, kind in zip(self.blocks, self.config.kinds)]
 
     def new_cache(self, capacity=None):
-        """One KVCache per layer, for up to `capacity` positions (default block_size), of its cache_kinds."""
-        cfg = self.config
-        return [KVCache(kind, capacity or cfg.block_size, cfg.window, cfg.n_sink) for kind in self.cache_kinds()]
+        """One KV cache per layer, for up to `capacity` positions (default block_size), holding what its
+        window_heads need: a KVCache of the layer's kind, a local one where every head reads only its window, or
+        a SplitKVCache where some do."""
+        cfg, capacity = self.config, capacity or self.config.block_size
+        caches = []
+        for kind, window in zip(cfg.kinds, self.window_heads()):
+            if 0 < len(window) < cfg.n_head:
+                caches.append(SplitKVCache(capacity, cfg.window, cfg.n_sink, cfg.n_head, window))
+            else:
+                caches.append(KVCache("local" if window else kind, capacity, cfg.window, cfg.n_sink))
+        return caches
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_kv_cache=True, generator=None):
@@ -571,6 +580,56 @@ class KVCache:
         if not self.local:
             return list(range(self.length))
         return list(range(min(self.length, self.n_sink))) + list(range(max(0, self.length - self.slots), self.length))
+
+    def full_slots(self, H):
+        """For each of the layer's H heads, its index among all_keys()'s heads (every head here)."""
+        return list(range(H))
+
+
+class SplitKVCache:
+    """A routed layer's KV cache when some of its heads are fixed to the local path (GPT.window_heads): those
+    heads keep a local layer's cache (window and sinks), the others every position. window_keys gives every
+    head's window in head order; all_keys only the heads that keep every position (full_slots maps a head to
+    its index there), the only ones that can go global."""
+
+    def __init__(self, capacity, window, n_sink, n_head, window_heads):
+        self.window_heads = list(window_heads)
+        self.full_heads = [h for h in range(n_head) if h not in self.window_heads]
+        self.local = KVCache("local", capacity, window, n_sink)
+        self.full = KVCache("routed", capacity, window, n_sink)
+        self.random_heads = None
+
+    @property
+    def length(self):
+        return self.full.length
+
+    @property
+    def bytes(self):
+        return self.local.bytes + self.full.bytes
+
+    def write(self, k, v):
+        self.full.write(k[:, self.full_heads], v[:, self.full_heads])
+        self.local.write(k[:, self.window_heads], v[:, self.window_heads])
+
+    def window_keys(self):
+        """Every head's window and sinks, in head order (both parts hold the same number of positions)."""
+        (full_k, full_v), (local_k, local_v) = self.full.window_keys(), self.local.window_keys()
+        B, _, n, D = full_k.shape
+        keys, values = full_k.new_empty(B, len(self.full_heads) + len(self.window_heads), n, D), \
+            full_v.new_empty(B, len(self.full_heads) + len(self.window_heads), n, D)
+        keys[:, self.full_heads], values[:, self.full_heads] = full_k, full_v
+        keys[:, self.window_heads], values[:, self.window_heads] = local_k, local_v
+        return keys, values
+
+    def all_keys(self):
+        """(keys, values) of every position, for the heads that keep them (full_slots)."""
+        return self.full.all_keys()
+
+    def full_slots(self, H):
+        slots = [-1] * H
+        for slot, head in enumerate(self.full_heads):
+            slots[head] = slot
+        return slots
 
 
 def check_model_config(cfg):

@@ -205,8 +205,11 @@ def _decode(q, k, v, kind, route, sees_local, cache):
 
 
 def _decode_global(q, y, hard, cache):
-    """A routed layer's decode step after its window output y: the full cache for the global heads."""
+    """A routed layer's decode step after its window output y: the full cache for the global heads. The cache's
+    all_keys may hold only some heads (model.SplitKVCache: heads fixed to the local path keep a window);
+    full_slots gives each head's index there."""
     B, H, T, D = q.shape
+    slots = cache.full_slots(H)
     if not decode_gathers(q):  # the CPU reads each global head's keys where they are (a gather copies them)
         heads = [i for i, is_global in enumerate(hard.reshape(B * H).tolist()) if is_global]
         if not heads:
@@ -214,14 +217,15 @@ def _decode_global(q, y, hard, cache):
         keys, values = cache.all_keys()
         for i in heads:  # 4-D slices: SDPA's fused CPU kernel (2-D ones take a path ~3x slower at 8K keys)
             b, h = divmod(i, H)
-            one = slice(b, b + 1), slice(h, h + 1)
-            y[one] = F.scaled_dot_product_attention(q[one], keys[one], values[one])
+            one, kept = (slice(b, b + 1), slice(h, h + 1)), (slice(b, b + 1), slice(slots[h], slots[h] + 1))
+            y[one] = F.scaled_dot_product_attention(q[one], keys[kept], values[kept])
         return y
     if not hard.any():
         return y
     keys, values = cache.all_keys()
     heads = hard.reshape(B * H).nonzero().squeeze(1)  # the (batch, head) pairs that went global
-    keys, values = (x.reshape(B * H, -1, D)[heads] for x in (keys, values))
+    kept = heads // H * keys.shape[1] + torch.tensor(slots, device=heads.device)[heads % H]
+    keys, values = (x.reshape(-1, x.shape[2], D)[kept] for x in (keys, values))
     full = F.scaled_dot_product_attention(q.reshape(B * H, 1, D)[heads], keys, values)
     return y.reshape(B * H, 1, D).index_copy(0, heads, full).view(B, H, 1, D)
 

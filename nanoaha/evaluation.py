@@ -299,11 +299,11 @@ def forced_routing(model, batches, key_labels, autocast=None, progress=None):
     return forced
 
 
-def kv_cache_summary(config, context_length, bytes_per_element, kinds=None):
-    """KV-cache bytes of the model and of the all-dense model of its shape, at context_length positions; kinds:
-    the model's GPT.cache_kinds."""
+def kv_cache_summary(config, context_length, bytes_per_element, window_heads=None):
+    """KV-cache bytes of the model and of the all-dense model of its shape, at context_length positions;
+    window_heads: the model's GPT.window_heads."""
     dense = config.with_schedule("G")
-    return {"kv_cache_bytes": kv_cache_bytes(config, context_length, bytes_per_element, kinds),
+    return {"kv_cache_bytes": kv_cache_bytes(config, context_length, bytes_per_element, window_heads),
             "kv_cache_bytes_dense": kv_cache_bytes(dense, context_length, bytes_per_element),
             "context_length": context_length}
 
@@ -467,7 +467,7 @@ def evaluate_checkpoint(path, data_dir="", thresholds=DEFAULT_THRESHOLDS, contex
         "val_loss": loss, "perplexity": math.exp(loss), "bits_per_byte": loss / math.log(2) if byte_level else None,
         **losses, "key_tokens": {"k": k, "window": key_window or config.window, "n_sink": config.n_sink},
         **routing_summary(stats, config.kinds),
-        **kv_cache_summary(config, context_length, torch.finfo(torch_dtype).bits // 8, model.cache_kinds()),
+        **kv_cache_summary(config, context_length, torch.finfo(torch_dtype).bits // 8, model.window_heads()),
         "threshold_sweep": threshold_sweep(model, batches, thresholds, autocast, labels, progress=bar.update),
         "forced_routing": forced_routing(model, batches, labels, autocast, progress=bar.update),
         # the routers against the key tokens, as the synthetic tasks' report against their labels

@@ -217,12 +217,15 @@ def precision_recall(counts):
     return ratio(counts[3], counts[4]), ratio(counts[0], counts[0] + counts[1]), ratio(counts[0], counts[0] + counts[2])
 
 
-def kv_cache_bytes(config, context_length, bytes_per_element=4, kinds=None):
-    """Bytes of one sequence's KV cache at context_length positions, as model.KVCache keeps it: keys and
-    values of every head; local layers hold only the last `window` positions and the first n_sink, dense and
-    routed layers every position (any later query may go global). kinds: per layer, the kind its cache holds
-    (GPT.cache_kinds: a routed layer whose heads all committed local holds a window); default the config's."""
+def kv_cache_bytes(config, context_length, bytes_per_element=4, window_heads=None):
+    """Bytes of one sequence's KV cache at context_length positions, as GPT.new_cache keeps it: keys and
+    values of every head; a head that reads only its window (every head of a local layer) holds the last
+    `window` positions and the first n_sink, the others every position (any later query may go global).
+    window_heads: per layer, those heads (GPT.window_heads: with a routed layer's heads committed local);
+    default the config's local layers."""
     head_dim = config.n_embd // config.n_head
-    kept = [min(context_length, config.window + config.n_sink) if kind == "local" else context_length
-            for kind in kinds or config.kinds]
-    return sum(2 * config.n_head * head_dim * bytes_per_element * positions for positions in kept)
+    if window_heads is None:
+        window_heads = [range(config.n_head) if kind == "local" else () for kind in config.kinds]
+    window = min(context_length, config.window + config.n_sink)
+    return sum(2 * head_dim * bytes_per_element * (len(heads) * window + (config.n_head - len(heads)) * context_length)
+               for heads in window_heads)

@@ -8,7 +8,7 @@ import torch
 
 import evaluate
 import prune
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, KVCache
 from nanoaha.checkpoint import load_checkpoint, load_model, save_checkpoint
 from nanoaha import evaluation
 from nanoaha.evaluation import kv_cache_summary
@@ -168,9 +168,10 @@ def test_a_model_with_a_budget_of_heads_and_committed_heads_is_evaluated_and_pru
 
 
 def test_a_routed_layer_whose_heads_all_committed_local_caches_only_its_window():
-    """GPT.cache_kinds: a routed layer whose heads all committed to the local path holds a local layer's cache
+    """GPT.window_heads: a routed layer whose heads all committed to the local path holds a local layer's cache
     (the window and sinks), and generates exactly what the model with a full cache generates; a layer with one
-    head that may go global keeps every position."""
+    head committed local and one that may go global keeps the window for the first, every position for the
+    other (a SplitKVCache)."""
     config = GPTConfig(block_size=64, n_layer=2, n_head=2, n_embd=32, schedule="R", window=8, n_sink=2,
                        router_per_token=False)
     torch.manual_seed(0)
@@ -179,15 +180,45 @@ def test_a_routed_layer_whose_heads_all_committed_local_caches_only_its_window()
     for head in range(2):
         model.blocks[0].attn.router.commit(head, 0)
     model.blocks[1].attn.router.commit(0, 0)
-    assert model.cache_kinds() == ["local", "routed"]
-    per_position = 2 * 2 * 16 * 4
-    assert kv_cache_bytes(config, 40, 4, model.cache_kinds()) == per_position * (10 + 40)
+    assert model.window_heads() == [[0, 1], [0]]
+    per_head_position = 2 * 16 * 4
+    assert kv_cache_bytes(config, 40, 4, model.window_heads()) == per_head_position * (2 * 10 + 10 + 40)
     cache = model.new_cache(capacity=40)
     with torch.no_grad():
         model(prompt, cache=cache)
         for _ in range(10):
             model(torch.randint(256, (1, 1)), cache=cache)
-    assert sum(c.bytes for c in cache) == kv_cache_bytes(config, 40, 4, model.cache_kinds())
+    assert [type(c).__name__ for c in cache] == ["KVCache", "SplitKVCache"] and cache[0].local
+    assert sum(c.bytes for c in cache) == kv_cache_bytes(config, 40, 4, model.window_heads())
     # the window cache gives what the full one gives: a committed-local head reads only its window
     without_cache = model.generate(prompt, 10, temperature=0, use_kv_cache=False)
     assert torch.equal(model.generate(prompt, 10, temperature=0), without_cache)
+
+
+@pytest.mark.parametrize("gathers", [False, True])
+def test_a_split_cache_decodes_what_the_full_cache_decodes(gathers, monkeypatch):
+    """Per-token routed heads beside heads committed local (0 and 2 of 4), two sequences: every decode step's
+    logits with the SplitKVCache equal those with a full cache of every head, on the CPU's per-head path and on
+    the gather path the GPU takes (kernels.layer.decode_gathers)."""
+    monkeypatch.setattr("kernels.layer.decode_gathers", lambda q: gathers)
+    config = GPTConfig(block_size=64, n_layer=2, n_head=4, n_embd=32, schedule="R", window=6, n_sink=1,
+                       router_init_std=1.0)
+    torch.manual_seed(0)
+    model = GPT(config).eval()
+    for head in (0, 2):
+        model.blocks[1].attn.router.commit(head, 0)
+    tokens = torch.randint(256, (2, 40))
+    split = model.new_cache(capacity=40)
+    full = [KVCache(kind, 40, config.window, config.n_sink) for kind in config.kinds]
+    assert type(split[1]).__name__ == "SplitKVCache" and split[1].full_heads == [1, 3]
+    global_decisions = 0
+    with torch.no_grad():
+        for cache in (split, full):
+            model(tokens[:, :20], cache=cache)
+        for t in range(20, 40):
+            a, b = model(tokens[:, t:t + 1], cache=split), model(tokens[:, t:t + 1], cache=full)
+            torch.testing.assert_close(a.logits, b.logits, atol=1e-5, rtol=1e-5)
+            assert torch.equal(a.gates[1], b.gates[1]) and not a.gates[1][:, [0, 2]].any()
+            global_decisions += int(a.gates[1].sum())
+    assert global_decisions > 0  # the routed heads went global at some steps: the split's full part was read
+    assert sum(c.bytes for c in split) < sum(c.bytes for c in full)
