@@ -29,7 +29,7 @@ status=0
     echo
     echo '```'
 } >"$report"
-timeout 180 $PY -m pytest -q -rs tests/test_triton_attention.py 2>&1 | tail -n 40 | tee -a "$report" || status=1
+timeout 180 $PY -m pytest -q -rs tests/e2e/test_triton_attention.py tests/e2e/test_triton_compile.py 2>&1 | tail -n 40 | tee -a "$report" || status=1
 echo '```' >>"$report"
 
 echo >>"$report"

@@ -163,3 +163,14 @@ def test_train_py_reads_top_to_bottom(tmp_path):
     bad.write_text("def a():\n    return b()\n\n\ndef b():\n    return 1\n")
     assert calls_before_definition(str(bad)) == [("a", "b")]
     assert calls_before_definition(os.path.join(ROOT, "train.py")) == []
+
+
+def test_every_file_the_gpu_check_runs_exists():
+    """bench/gpu_check.sh ran tests/test_triton_attention.py after the tests moved to tests/e2e/: on a GPU the
+    kernel tests would not have run (pytest: file not found). Every tests/ and bench/ path it names exists."""
+    import re
+    script = open(os.path.join(ROOT, "bench", "gpu_check.sh")).read()
+    paths = set(re.findall(r"\b((?:tests|bench)/[\w/]+\.(?:py|sh))\b", script))
+    assert {"tests/e2e/test_triton_attention.py", "bench/attention.py", "bench/train_speed.py"} <= paths
+    missing = sorted(path for path in paths if not os.path.exists(os.path.join(ROOT, path)))
+    assert not missing, f"bench/gpu_check.sh names files that do not exist: {missing}"
