@@ -45,13 +45,14 @@ runs = {
     # (after the copy head forms in the per-head runs, about step 1500-2200)
     "routed_heads_then_tokens_at_LG": {"schedule": "R", "router_target_global": 0.5,
                                        "router_token_from_iter": 2500, "seeds": [1, 2]},
-    # ... per-token routing inside a budget of 4 heads (LG's cost): until step 2000 each router decides per head
+    # ... per-token routing inside a budget of 4 heads (LG's cost; five seeds, the per-token mechanism of the
+    # screen whose seeds 1-2 both grew a copy head): until step 2000 each router decides per head
     # (token weights held at zero; biases from 1, so the budget's heads are global from the first step and a copy
     # head can grow in one of them), then the budget's heads route their tokens under a target of a quarter of the
     # routed decisions (half of the budget's tokens); the heads outside it, local on every step, commit local
     "routed_head_budget_tokens_at_LG": {"schedule": "R", "router_global_heads": 4, "router_init_bias": 1.0,
                                         "router_token_from_iter": 2000, "router_lambda_start": 2000,
-                                        "router_target_global": 0.25, "router_commit_after": 250, "seeds": [1, 2]},
+                                        "router_target_global": 0.25, "router_commit_after": 250, "seeds": _five},
     # ... heads commit to their path once their decisions held 250 steps in a row (router_commit_after), at one
     # head's cost (per-head routers) and at LG's (per-token routers)
     "routed_per_head_one_head_commit": {"schedule": "R", "router_per_token": False, "router_target_global": 0.125,
@@ -175,6 +176,8 @@ headline = {"reference": "LG", "runs": {
     "routed_head_budget_one_head": "learned per-head routing, a budget of one head: the head of highest router "
                                    "bias is global (no penalty)",
     "routed_head_budget_one_head_commit": "the same, and heads whose decisions held 250 steps commit to their path",
+    "routed_head_budget_tokens_at_LG": "learned per-token routing inside a budget of 4 heads (per-head decisions "
+                                       "until step 2000), a quarter of the decisions global; heads commit",
     "dense_then_routed": "2500 dense steps, then 2500 routed (lambda 0.01) on the next batches",
 }}
 evaluate = {"eval_tokens": 65536, "key_window": 32}
