@@ -308,3 +308,19 @@ def test_heads_commit_in_training_and_a_resume_keeps_their_streaks_exactly(tmp_p
     assert resumed_summary["attention_flop_frac_training"] == pytest.approx(in_training)
     model, _ = checkpoint.load_model(tmp_path / "b" / "out" / "ckpt.pt", "cpu")
     assert [block.attn.router.paths for block in model.blocks] == [(0, 0), (0, 0)]
+
+
+def test_sampled_mode_trains_the_routers_at_less_attention_than_exact(tmp_path, tiny_corpus):
+    """routed_mode='sampled' (1 of the batch's 4 sequences exact): the routers learn (their weights move from
+    their init) and the run computes less attention than the same run in exact mode, more than its ideal."""
+    fracs = {}
+    for mode in ("exact", "sampled"):
+        out = tmp_path / mode
+        train.train(*tiny_train_configs(tmp_path, tiny_corpus, max_iters=12, eval_interval=100, out_dir=str(out),
+                                        routed_mode=mode, routed_exact_frac=0.25, router_init_std=0.1))
+        fracs[mode] = json.load(open(out / "train_summary.json"))["attention_flop_frac_training"]
+        ckpt = checkpoint.load_checkpoint(str(out), "cpu")
+        assert ckpt["model_config"]["routed_mode"] == mode
+        bias = ckpt["model"]["blocks.0.attn.router.logits.bias"]
+        assert (bias != 0).all()  # init 0: the LM gradient and the penalty moved every head's
+    assert fracs["sampled"]["ideal"] < fracs["sampled"]["computed"] < fracs["exact"]["computed"]
