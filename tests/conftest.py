@@ -1,5 +1,6 @@
 import importlib.util
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -16,6 +17,13 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 from data.tokens import Encoder, write_meta, write_tokens  # noqa: E402
+
+# A shell starts background commands (`cmd &`, nohup, a CI runner's job) with SIGINT ignored, and a child keeps an
+# ignored signal across exec: the scripts the tests start and send Ctrl-C (SIGINT) to would then ignore it, and
+# the tests that check what Ctrl-C leaves would wait out their deadline. A handler is reset to the default in a
+# child, so with Python's own handler here each script starts with Ctrl-C as a user's terminal gives it.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 END_TO_END = Path(__file__).resolve().parent / "e2e"
 

@@ -120,7 +120,7 @@ def test_routers_held_local_run_local_still_learn_and_the_penalty_waits(tmp_path
 
 @pytest.mark.parametrize("overrides, message", [
     ({"schedule": "L"}, "router_local_iters holds learned routers local"),
-    ({"routed_mode": "sparse"}, "only routed_mode='exact' computes"),
+    ({"routed_mode": "sparse"}, "which sparse mode does not compute for local tokens"),
     ({"router_explore": 0.1}, "set one of them to 0"),
 ])
 def test_router_local_iters_refuses_what_it_cannot_hold(tmp_path, tiny_corpus, overrides, message):
