@@ -581,20 +581,20 @@ class KVCache:
             return list(range(self.length))
         return list(range(min(self.length, self.n_sink))) + list(range(max(0, self.length - self.slots), self.length))
 
-    def full_slots(self, H):
-        """For each of the layer's H heads, its index among all_keys()'s heads (every head here)."""
-        return list(range(H))
+    full_slots = None  # all_keys holds every head, in head order (SplitKVCache maps heads to its slots)
 
 
 class SplitKVCache:
     """A routed layer's KV cache when some of its heads are fixed to the local path (GPT.window_heads): those
     heads keep a local layer's cache (window and sinks), the others every position. window_keys gives every
-    head's window in head order; all_keys only the heads that keep every position (full_slots maps a head to
-    its index there), the only ones that can go global."""
+    head's window in head order; all_keys only the heads that keep every position (full_slots: each head's index
+    there, -1 for a window head), the only ones that can go global."""
 
     def __init__(self, capacity, window, n_sink, n_head, window_heads):
-        self.window_heads = list(window_heads)
+        self.n_head, self.window_heads = n_head, list(window_heads)
         self.full_heads = [h for h in range(n_head) if h not in self.window_heads]
+        self.full_slots = [self.full_heads.index(h) if h in self.full_heads else -1 for h in range(n_head)]
+        self._slot_index = None  # full_slots as a tensor on the decode's device, made once
         self.local = KVCache("local", capacity, window, n_sink)
         self.full = KVCache("routed", capacity, window, n_sink)
         self.random_heads = None
@@ -615,8 +615,7 @@ class SplitKVCache:
         """Every head's window and sinks, in head order (both parts hold the same number of positions)."""
         (full_k, full_v), (local_k, local_v) = self.full.window_keys(), self.local.window_keys()
         B, _, n, D = full_k.shape
-        keys, values = full_k.new_empty(B, len(self.full_heads) + len(self.window_heads), n, D), \
-            full_v.new_empty(B, len(self.full_heads) + len(self.window_heads), n, D)
+        keys, values = full_k.new_empty(B, self.n_head, n, D), full_v.new_empty(B, self.n_head, n, D)
         keys[:, self.full_heads], values[:, self.full_heads] = full_k, full_v
         keys[:, self.window_heads], values[:, self.window_heads] = local_k, local_v
         return keys, values
@@ -625,11 +624,11 @@ class SplitKVCache:
         """(keys, values) of every position, for the heads that keep them (full_slots)."""
         return self.full.all_keys()
 
-    def full_slots(self, H):
-        slots = [-1] * H
-        for slot, head in enumerate(self.full_heads):
-            slots[head] = slot
-        return slots
+    def slot_index(self, device):
+        """full_slots as a tensor on `device` (the decode's gather path), made on the first call."""
+        if self._slot_index is None or self._slot_index.device != device:
+            self._slot_index = torch.tensor(self.full_slots, device=device)
+        return self._slot_index
 
 
 def check_model_config(cfg):

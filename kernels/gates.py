@@ -7,6 +7,12 @@ straight-through gradient; a token is gated (global) where it is 1.
 import torch
 
 
+def head_index(heads):
+    """Index of the head dim for a group of heads decided alike: consecutive heads as a slice (a view, not a
+    copy), others as the list."""
+    return slice(heads[0], heads[-1] + 1) if heads == list(range(heads[0], heads[-1] + 1)) else heads
+
+
 def combine(local, full, gate, only_gated=False):
     """local + gate * (full - local), every row: (B, H, T, D) outputs, gate (B, H, T).
     only_gated: the difference counts only where the gate is 1, so the router gets no gradient from the other

@@ -9,7 +9,7 @@ it), runs the kernels, and counts the query-key pairs it computed: the routing s
 
 route(local, token) -> (hard, gate, p): the layer's routing decision; local is the heads' local output where the
 router reads it (sees_local), else None; token None decides for the whole sequence, an int for that position of
-the new tokens (decode). cache: duck-typed like model.KVCache (write, length, window_keys, all_keys).
+the new tokens (decode). cache: duck-typed like model.KVCache (write, length, window_keys, all_keys, full_slots).
 paths (routed layers): None, every head routed, or one int per head: -1 routed, 0 committed to local, 1 committed
 to global; a committed head computes only its path (its router's decision must be that path).
 mode: 'exact' or 'sparse' (kernels/attention.py), or 'sampled': the first exact_rows(B, exact_frac) sequences of
@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.attention import attention
+from kernels.gates import head_index
 
 
 class LayerAttention(NamedTuple):
@@ -88,11 +89,6 @@ def head_groups(paths, kind, H):
         return None
     groups = {PATHS[path]: [h for h, each in enumerate(paths) if each == path] for path in PATHS}
     return {group: heads for group, heads in groups.items() if heads}
-
-
-def head_index(heads):
-    """Index of the head dim: consecutive heads as a slice (a view, not a copy), others as the list."""
-    return slice(heads[0], heads[-1] + 1) if heads == list(range(heads[0], heads[-1] + 1)) else heads
 
 
 def layer_attention(q, k, v, kind, window, n_sink=0, route=None, sees_local=False, mode="exact", backend="auto",
@@ -207,9 +203,9 @@ def _decode(q, k, v, kind, route, sees_local, cache):
 def _decode_global(q, y, hard, cache):
     """A routed layer's decode step after its window output y: the full cache for the global heads. The cache's
     all_keys may hold only some heads (model.SplitKVCache: heads fixed to the local path keep a window);
-    full_slots gives each head's index there."""
+    its full_slots gives each head's index there."""
     B, H, T, D = q.shape
-    slots = cache.full_slots(H)
+    slots = cache.full_slots  # None: all_keys holds every head, in head order
     if not decode_gathers(q):  # the CPU reads each global head's keys where they are (a gather copies them)
         heads = [i for i, is_global in enumerate(hard.reshape(B * H).tolist()) if is_global]
         if not heads:
@@ -217,14 +213,15 @@ def _decode_global(q, y, hard, cache):
         keys, values = cache.all_keys()
         for i in heads:  # 4-D slices: SDPA's fused CPU kernel (2-D ones take a path ~3x slower at 8K keys)
             b, h = divmod(i, H)
-            one, kept = (slice(b, b + 1), slice(h, h + 1)), (slice(b, b + 1), slice(slots[h], slots[h] + 1))
+            slot = h if slots is None else slots[h]
+            one, kept = (slice(b, b + 1), slice(h, h + 1)), (slice(b, b + 1), slice(slot, slot + 1))
             y[one] = F.scaled_dot_product_attention(q[one], keys[kept], values[kept])
         return y
     if not hard.any():
         return y
     keys, values = cache.all_keys()
     heads = hard.reshape(B * H).nonzero().squeeze(1)  # the (batch, head) pairs that went global
-    kept = heads // H * keys.shape[1] + torch.tensor(slots, device=heads.device)[heads % H]
+    kept = heads if slots is None else heads // H * keys.shape[1] + cache.slot_index(heads.device)[heads % H]
     keys, values = (x.reshape(-1, x.shape[2], D)[kept] for x in (keys, values))
     full = F.scaled_dot_product_attention(q.reshape(B * H, 1, D)[heads], keys, values)
     return y.reshape(B * H, 1, D).index_copy(0, heads, full).view(B, H, 1, D)

@@ -19,7 +19,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from kernels.gates import combine, combine_rows, compact_gates
+from kernels.gates import combine, combine_rows, compact_gates, head_index
 
 # Tuning constants, measured on the CPU flash kernel (results/2026-11-29_cpu_attention_tuning).
 LOCAL_CHUNK = 64  # most queries per local chunk: longer chunks read more masked keys, shorter ones give
@@ -361,7 +361,7 @@ def _sparse_by_head(q, k, v, gate, window, n_sink, local, every, some):
     for kind, heads in groups.items():
         if not heads:
             continue
-        i = slice(heads[0], heads[-1] + 1) if heads == list(range(heads[0], heads[-1] + 1)) else heads
+        i = head_index(heads)
         if kind == "dense":
             y[:, i] = combine(local[:, i], dense_attention(q[:, i], k[:, i], v[:, i]), gate[:, i])
         else:
