@@ -63,10 +63,11 @@ runs = {
     # the LM loss alone ranks the heads)
     "routed_head_budget_one_head": {"schedule": "R", "router_per_token": False, "router_global_heads": 1,
                                     "router_lambda": 0.0, "seeds": [1, 2]},
-    "routed_head_budget_at_LG": {"schedule": "R", "router_per_token": False, "router_global_heads": 4,
-                                 "router_lambda": 0.0, "seeds": [1, 2]},
-    # ... and with commits, so that a run whose heads committed trains at its layout's cost (five seeds: the best
-    # one-head mechanism of the two-seed screen, against LR_one_global_head)
+    # ... and with commits, so that a run whose heads committed trains at its layout's cost: at LG's cost (the
+    # budget alone, beside per-token routing inside it), and at one head's (five seeds: the best one-head
+    # mechanism of the two-seed screen, against LR_one_global_head)
+    "routed_head_budget_at_LG_commit": {"schedule": "R", "router_per_token": False, "router_global_heads": 4,
+                                        "router_lambda": 0.0, "router_commit_after": 250, "seeds": [1, 2]},
     "routed_head_budget_one_head_commit": {"schedule": "R", "router_per_token": False, "router_global_heads": 1,
                                            "router_lambda": 0.0, "router_commit_after": 250, "seeds": _five},
     # ... and trained in 'sampled' mode: 1 of each batch's 4 sequences computes both paths (the routers' gradient),
@@ -138,10 +139,10 @@ comparisons = {
     "at LG's cost, per-head then per-token routers vs LG": ("routed_heads_then_tokens_at_LG", "LG"),
     "at LG's cost, per-head then per-token vs per-token routers": ("routed_heads_then_tokens_at_LG", "routed_at_LG"),
     "at LG's cost, per-token routers whose heads commit vs LG": ("routed_at_LG_commit", "LG"),
-    "at LG's cost, a budget of 4 heads vs LG": ("routed_head_budget_at_LG", "LG"),
+    "at LG's cost, a budget of 4 heads whose heads commit vs LG": ("routed_head_budget_at_LG_commit", "LG"),
     "per-token routing inside a budget of 4 heads vs LG": ("routed_head_budget_tokens_at_LG", "LG"),
     "per-token routing inside a budget of 4 heads vs the budget alone": ("routed_head_budget_tokens_at_LG",
-                                                                        "routed_head_budget_at_LG"),
+                                                                        "routed_head_budget_at_LG_commit"),
     "at one head's cost, per-head routers whose heads commit vs one fixed global head":
         ("routed_per_head_one_head_commit", "LR_one_global_head"),
     "at one head's cost, a budget of one head vs one fixed global head":
