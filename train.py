@@ -74,14 +74,21 @@ class Run:
     head_history: list = field(default_factory=list)  # [step, per layer and head global fraction] of every evaluation
     # [step, copy gain, per layer strongest induction score, per layer and head scores (copy_probe.HEAD_SCORES)]
     copy_history: list = field(default_factory=list)
-    # [step, flicker, margin, near, per-head flips per step] of every evaluation (routing_stats.decision_stability;
-    # flips: the share of steps since the last evaluation whose per-head decision differed from the step before)
+    # [step, flicker, margin, near, per-head flips per step, bias gradients] of every evaluation
+    # (routing_stats.decision_stability; flips: the share of steps since the last evaluation whose per-head
+    # decision differed from the step before; bias gradients: per learned router's head, the mean gradient of its
+    # bias over those steps, negative where the loss pulls the head towards global)
     decision_history: list = field(default_factory=list)
     commit_history: list = field(default_factory=list)  # [step, layer, head, path (0 local, 1 global)] of each commit
     val_gates: list = None                             # the last evaluation's decisions on the val tokens
     head_decisions: torch.Tensor = None                # per-head routers' decisions after the last step
     head_flips: torch.Tensor = None                    # ... and how often each changed since the last evaluation
     flip_steps: int = 0
+    # each learned router's head-bias gradients summed since the last evaluation, (routers, H), and their count:
+    # the loss's pull on each head's decision before the optimizer rescales it (Adam moves every bias whose
+    # gradient keeps its sign at about the same rate, however strong the pull)
+    bias_grads: torch.Tensor = None
+    bias_grad_steps: int = 0
     last_eval: dict = field(default_factory=dict)    # val, key and other loss and routing of the latest evaluation
     losses: list = field(default_factory=list)       # every step's training loss (this rank's last micro-step)
     saved_step: int | None = None                    # the step of the latest checkpoint this run wrote ...
@@ -441,6 +448,30 @@ def count_head_flips(run):
     run.head_decisions = decisions
 
 
+def sum_bias_grads(run):
+    """Add each learned router's head-bias gradient of this step (every micro-step's, all-reduced: the same on
+    every rank; committed heads' are zero) to run.bias_grads: evaluate reports their mean per head."""
+    routers = run.raw_model.routers()
+    if not routers or any(router.head_bias.grad is None for router in routers):
+        return
+    grads = torch.stack([router.head_bias.grad.detach().float() for router in routers]).cpu()
+    if not torch.isfinite(grads).all():  # a step that will be skipped
+        return
+    run.bias_grads = grads if run.bias_grads is None else run.bias_grads + grads
+    run.bias_grad_steps += 1
+
+
+def per_layer_bias_grads(run):
+    """The mean head-bias gradient per head since the last evaluation as a list over every layer (None where a
+    layer has no learned router, or no step was summed), and the sums reset."""
+    means = None if run.bias_grads is None else (run.bias_grads / run.bias_grad_steps).tolist()
+    run.bias_grads, run.bias_grad_steps = None, 0
+    if means is None:
+        return None
+    rows = iter(means)
+    return [next(rows) if block.attn.router is not None else None for block in run.raw_model.blocks]
+
+
 def hold_token_weights(run):
     """router_token_from_iter: before it, the routers' token weights (W, and the weights on the local output)
     get no update, so they stay at zero and every router decides from its bias alone, one decision per head: a
@@ -473,6 +504,7 @@ def train_step(run, signals):
         hold_token_weights(run)
     if run.scaler.is_enabled():
         run.scaler.unscale_(run.optimizer)
+    sum_bias_grads(run)
     params = run.trainable_params
     grad_norm = torch.nn.utils.clip_grad_norm_(params, tcfg.grad_clip) if tcfg.grad_clip > 0 else \
         torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
@@ -564,6 +596,7 @@ def evaluate_and_save(run, final=False):
     run.val_gates = stability.pop("gates")
     flips = None if run.head_flips is None else per_layer_flips(run, (run.head_flips / max(1, run.flip_steps)).tolist())
     run.head_flips, run.flip_steps = None, 0
+    bias_grads = per_layer_bias_grads(run)
     val_loss = losses["val_loss"]
     finite = math.isfinite(val_loss)
     is_best = finite and val_loss < run.best_val
@@ -572,7 +605,7 @@ def evaluate_and_save(run, final=False):
                            (run.key_history, [it, losses["key_loss"], losses["other_loss"]]),
                            (run.head_history, [it, stats["global_frac"].tolist()]),
                            (run.decision_history, [it, stability["flicker"], stability["margin"], stability["near"],
-                                                   flips])):
+                                                   flips, bias_grads])):
         record_at(history, entry)
     run.last_eval = {**losses, "routing": stats}
     copy = ""
@@ -598,7 +631,7 @@ def evaluate_and_save(run, final=False):
                        if (paths := block.attn.paths()) is not None and -1 not in paths
                        or chosen[i] is not None and not chosen[i].any()]
             warn_collapse(stats, mcfg.kinds, tcfg.collapse_frac, it, decided)
-            run.logger.scalars(it, stability_scalars(stability, flips))
+            run.logger.scalars(it, stability_scalars(stability, flips, bias_grads))
             run.logger.evaluation(it, losses, stats, run.raw_model, run.val_batches[0][0].to(run.device),
                                   run.data.meta, run.autocast, head_history=run.head_history)
         else:

@@ -111,12 +111,16 @@ def decision_stability(previous, decisions, threshold):
     return {"flicker": flicker, "margin": margin, "near": near, "gates": gates}
 
 
-def stability_scalars(stability, flips=None):
+def stability_scalars(stability, flips=None, bias_grads=None):
     """TensorBoard's decision-stability scalars: per routed layer (heads averaged) as val_stability/NAME_layerL,
     per head as val_stability_heads_layerL/NAME_headH (one section per layer, as the global fractions); flips:
-    per layer (None where it has no per-head router), the per-head routers' step-by-step changes."""
+    per layer (None where it has no per-head router), the per-head routers' step-by-step changes; bias_grads:
+    per layer (None where it has no learned router), each head's mean bias gradient since the last evaluation
+    (negative: the loss pulls the head towards global)."""
     values = {}
-    for name, per_layer in (*((n, stability[n]) for n in ("flicker", "margin", "near")), ("step_flips", flips or [])):
+    named = (*((n, stability[n]) for n in ("flicker", "margin", "near")), ("step_flips", flips or []),
+             ("bias_grad", bias_grads or []))
+    for name, per_layer in named:
         for layer, heads in enumerate(per_layer):
             if heads is None:
                 continue

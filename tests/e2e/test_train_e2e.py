@@ -310,6 +310,31 @@ def test_heads_commit_in_training_and_a_resume_keeps_their_streaks_exactly(tmp_p
     assert [block.attn.router.paths for block in model.blocks] == [(0, 0), (0, 0)]
 
 
+def test_each_evaluation_records_the_mean_bias_gradient_of_each_head_since_the_last(tmp_path, tiny_corpus):
+    """decision_history's bias gradients: none at the first evaluation (no step yet); at the next, each learned
+    router head's bias gradient of the step between. Two runs alike but for the penalty's weight differ by its
+    gradient alone, lambda / (layers x heads) * p (1 - p) per head (the penalty is a mean over layers of each
+    layer's mean p, a per-head router's p the same on every token); and a committed head's gradient is zero."""
+    def entries(lam, **overrides):
+        out = tmp_path / f"{lam}_{len(overrides)}"
+        train.train(*tiny_train_configs(out, tiny_corpus, max_iters=1, eval_interval=1, router_per_token=False,
+                                        router_lambda=lam, router_lambda_ramp=0, router_init_bias=0.5,
+                                        **overrides))
+        return json.load(open(out / "out" / "train_summary.json"))["decision_history"]
+    free, penalised = entries(0.0), entries(1.0)
+    assert free[0][5] is None and len(free) == 2
+    p = torch.sigmoid(torch.tensor(0.5)).item()
+    for layer_free, layer_penalised in zip(free[1][5], penalised[1][5]):
+        assert len(layer_free) == 2 and any(g != 0 for g in layer_free)  # the LM loss pulls on every head
+        for g_free, g_penalised in zip(layer_free, layer_penalised):
+            assert g_penalised - g_free == pytest.approx(p * (1 - p) / 4, rel=1e-4)
+    train.train(*tiny_train_configs(tmp_path / "c", tiny_corpus, max_iters=4, eval_interval=2,
+                                    router_per_token=False, router_lambda=1.0, router_lambda_ramp=0,
+                                    router_commit_after=1))
+    history = json.load(open(tmp_path / "c" / "out" / "train_summary.json"))["decision_history"]
+    assert history[-1][0] == 4 and all(g == 0 for layer in history[-1][5] for g in layer)  # committed local
+
+
 def test_sampled_mode_trains_the_routers_at_less_attention_than_exact(tmp_path, tiny_corpus):
     """routed_mode='sampled' (1 of the batch's 4 sequences exact): the routers learn (their weights move from
     their init) and the run computes less attention than the same run in exact mode, more than its ideal."""

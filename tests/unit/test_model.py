@@ -547,9 +547,11 @@ def test_decision_stability_counts_changed_decisions_and_the_distance_from_the_t
     changed[0, 0, 0] = changed[1, 0, 3] = False  # two of eight decisions flip
     second = decision_stability(first["gates"], [([changed, None], [probs, None])], threshold=0.5)
     assert second["flicker"][0] == [0.25]
-    scalars = stability_scalars(second, flips=[[0.1], None])
+    scalars = stability_scalars(second, flips=[[0.1], None], bias_grads=[[-0.5], None])
     assert scalars["val_stability/flicker_layer0"] == 0.25 and "val_stability/flicker_layer1" not in scalars
     assert scalars["val_stability_heads_layer0/step_flips_head0"] == 0.1
+    assert scalars["val_stability_heads_layer0/bias_grad_head0"] == -0.5 and "val_stability/bias_grad_layer1" \
+        not in scalars
 
 
 @pytest.mark.parametrize("per_token", [True, False])
