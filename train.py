@@ -448,23 +448,21 @@ def count_head_flips(run):
     run.head_decisions = decisions
 
 
-def sum_bias_grads(run):
-    """Add each learned router's head-bias gradient of this step (every micro-step's, all-reduced: the same on
-    every rank; committed heads' are zero) to run.bias_grads: evaluate reports their mean per head."""
+def step_bias_grads(run):
+    """Each learned router's head-bias gradient of this step, (routers, H), on the device (every micro-step's,
+    all-reduced: the same on every rank; committed heads' are zero), before clipping rescales it; None without
+    routers. The step, once taken, adds it to run.bias_grads: evaluation reports their mean per head."""
     routers = run.raw_model.routers()
     if not routers or any(router.head_bias.grad is None for router in routers):
-        return
-    grads = torch.stack([router.head_bias.grad.detach().float() for router in routers]).cpu()
-    if not torch.isfinite(grads).all():  # a step that will be skipped
-        return
-    run.bias_grads = grads if run.bias_grads is None else run.bias_grads + grads
-    run.bias_grad_steps += 1
+        return None
+    grads = torch.stack([router.head_bias.grad.detach().float() for router in routers])
+    return torch.where(torch.isfinite(grads), grads, 0.0)  # fp16: the scaler skips such a step; no sync to find out
 
 
 def per_layer_bias_grads(run):
     """The mean head-bias gradient per head since the last evaluation as a list over every layer (None where a
     layer has no learned router, or no step was summed), and the sums reset."""
-    means = None if run.bias_grads is None else (run.bias_grads / run.bias_grad_steps).tolist()
+    means = None if run.bias_grads is None else (run.bias_grads / run.bias_grad_steps).cpu().tolist()
     run.bias_grads, run.bias_grad_steps = None, 0
     if means is None:
         return None
@@ -504,7 +502,7 @@ def train_step(run, signals):
         hold_token_weights(run)
     if run.scaler.is_enabled():
         run.scaler.unscale_(run.optimizer)
-    sum_bias_grads(run)
+    bias_grads = step_bias_grads(run)
     params = run.trainable_params
     grad_norm = torch.nn.utils.clip_grad_norm_(params, tcfg.grad_clip) if tcfg.grad_clip > 0 else \
         torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
@@ -514,6 +512,9 @@ def train_step(run, signals):
         skip_step(run, bad_loss)
     else:
         run.nonfinite_run = 0
+        if bias_grads is not None:  # summed on the device until evaluation
+            run.bias_grads = bias_grads if run.bias_grads is None else run.bias_grads + bias_grads
+            run.bias_grad_steps += 1
         run.scaler.step(run.optimizer)
         run.scaler.update()
         run.optimizer.zero_grad(set_to_none=True)
