@@ -206,6 +206,8 @@ def resume(run):
     run.commit_history = ckpt["commit_history"]
     if run.committer is not None and ckpt["commit_streak"] is not None:
         run.committer.streak = ckpt["commit_streak"]
+    if run.committer is not None and ckpt["commit_recent"] is not None:
+        run.committer.recent = ckpt["commit_recent"]
     run.wall_before = ckpt["train_wall_s"]  # None: unknown (an old checkpoint kept no wall time)
     run.flop_sums = ckpt["attention_flop_sums"]
     # what the folder holds, for the divergence message: the resumed checkpoint, the best of the earlier steps
@@ -546,6 +548,7 @@ def checkpoint_state(run):
             "key_history": run.key_history, "head_history": run.head_history, "copy_history": run.copy_history,
             "decision_history": run.decision_history, "commit_history": run.commit_history,
             "commit_streak": run.committer.streak if run.committer is not None else None,
+            "commit_recent": run.committer.recent if run.committer is not None else None,
             "train_wall_s": train_wall(run), "attention_flop_sums": run.flop_sums,
             "router_lambda_state": run.controller.u if run.controller is not None else None,
             "data_meta": run.data.meta,

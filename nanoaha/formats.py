@@ -53,6 +53,13 @@ def checkpoint_3(ckpt):
     return ckpt
 
 
+def checkpoint_4(ckpt):
+    """commit_recent (2026-12-06, router_commit_by_iter): each head's recent global share; unknown before (a
+    resumed run starts it from zero)."""
+    ckpt.setdefault("commit_recent", None)
+    return ckpt
+
+
 def evaluation_0(result):
     """key_window (2026-12-04) was evaluated at its default, 0; data_dir was recorded absolute (a corpus in some
     checkout's data/ folder reads as that path relative to this one's root, so a record matches elsewhere)."""
@@ -107,7 +114,8 @@ def rows_1(saved):
     return saved
 
 
-MIGRATIONS = {"checkpoint": [checkpoint_0, checkpoint_1, checkpoint_2, checkpoint_3], "evaluation": [evaluation_0],
+MIGRATIONS = {"checkpoint": [checkpoint_0, checkpoint_1, checkpoint_2, checkpoint_3, checkpoint_4],
+              "evaluation": [evaluation_0],
               "train_summary": [train_summary_0, train_summary_1, train_summary_2, train_summary_3],
               "rows": [rows_0, rows_1]}
 

@@ -48,6 +48,8 @@ class TrainConfig:
     router_commit_after: int = 0         # > 0: a head whose decisions were all local (or all global) on this many
                                          # steps in a row commits to that path and computes only it (HeadCommitter)
     router_commit_tol: float = 0.01      # ... "all": at most this share of its tokens decided the other way
+    router_commit_by_iter: int = 0       # > 0 (per-head routers): at this step every head still undecided commits
+                                         # to the path it took most of late (a deadline for decisions that flicker)
     sparse_from_iter: int = 0            # with routed_mode='sparse': exact mode before this step
     p_dense: float = 0.0                 # probability that a step runs every routed head globally
     collapse_frac: float = 0.005         # warn when a routed layer's global fraction falls below this
@@ -71,7 +73,7 @@ class TrainConfig:
         at_least = {"batch_size": 1, "grad_accum": 1, "eval_interval": 1, "eval_iters": 1, "log_interval": 1,
                     "max_nonfinite_steps": 1, "max_iters": 0, "warmup_iters": 0, "lr_decay_iters": 0,
                     "router_lambda_start": 0, "router_lambda_ramp": 0, "sparse_from_iter": 0,
-                    "router_commit_after": 0, "router_local_iters": 0, "probe_spans": 0}
+                    "router_commit_after": 0, "router_commit_by_iter": 0, "router_local_iters": 0, "probe_spans": 0}
         for key, low in at_least.items():
             if getattr(self, key) < low:
                 raise ValueError(f"{key}={getattr(self, key)} must be at least {low}")
@@ -121,6 +123,10 @@ def check_config(tcfg, mcfg):
     if tcfg.router_commit_after > 0 and not learned:
         raise ValueError("router_commit_after commits learned routers' heads: a schedule with R and "
                          "routing='learned'")
+    if tcfg.router_commit_by_iter > 0 and (tcfg.router_commit_after <= 0 or mcfg.router_per_token):
+        raise ValueError("router_commit_by_iter commits per-head routers' heads still undecided at that step, by "
+                         "their decisions over the last router_commit_after steps: set router_commit_after > 0 "
+                         "and router_per_token=False with it")
     if not mcfg.router_per_token and "R" not in mcfg.layer_letters:
         raise ValueError(f"router_per_token=False decides per head in routed layers, and schedule={mcfg.schedule!r} "
                          f"has none: drop router_per_token=False, or add R to the schedule")

@@ -93,16 +93,20 @@ class HeadCommitter:
     that path). Under a budget (router_target_global: the share of the routed heads it buys; or global_heads,
     the model's router_global_heads) no more heads commit global than it buys, and no more commit local than
     leaves it reachable (committed global heads plus undecided ones). streak: per router and head, + steps all
-    global in a row, - steps all local."""
+    global in a row, - steps all local. router_commit_by_iter=N (per-head routers): at step N every head still
+    undecided commits to the path it took most over about the last K steps (recent: each head's global share,
+    an exponential average of time constant K), the budget's open global places going to the most global."""
 
     def __init__(self, cfg, routers, global_heads=0):
         self.after, self.tol, self.start = cfg.router_commit_after, cfg.router_commit_tol, commit_start(cfg)
+        self.deadline = cfg.router_commit_by_iter
         self.routers = routers
         n_heads = sum(len(router.paths) for router in routers)
         bought = global_heads or round(cfg.router_target_global * n_heads)
         budget = global_heads > 0 or cfg.router_target_global > 0
         self.max_global, self.min_global = (bought, bought) if budget else (n_heads, 0)
         self.streak = torch.zeros(len(routers), len(routers[0].paths) if routers else 0, dtype=torch.long)
+        self.recent = torch.zeros(self.streak.shape)
 
     def update(self, it, head_fracs):
         """head_fracs: (routers, H) each head's global share of the step's tokens. Returns the commits made,
@@ -112,8 +116,11 @@ class HeadCommitter:
         all_global, all_local = head_fracs >= 1.0 - self.tol, head_fracs <= self.tol
         self.streak = torch.where(all_global, self.streak.clamp(min=0) + 1,
                                   torch.where(all_local, self.streak.clamp(max=0) - 1, torch.zeros_like(self.streak)))
+        self.recent += (head_fracs.float() - self.recent) / self.after
         committed = torch.tensor([router.paths for router in self.routers])  # the buffers' mirror: no device sync
         n_global, n_open = int((committed == 1).sum()), int((committed == -1).sum())
+        if self.deadline and it >= self.deadline and n_open:
+            return self.commit_all(committed, n_global)
         made = []
         for r, h in (committed == -1).nonzero().tolist():
             path = 1 if self.streak[r, h] >= self.after else 0 if self.streak[r, h] <= -self.after else None
@@ -123,6 +130,21 @@ class HeadCommitter:
                 self.routers[r].commit(h, path)
                 n_global, n_open = n_global + path, n_open - 1
                 made.append((r, h, path))
+        return made
+
+    def commit_all(self, committed, n_global):
+        """The deadline: every undecided head commits, the most global over the recent steps first to the open
+        global places (all of them where the budget needs its heads; without a budget, the heads global on at
+        least half of the recent steps)."""
+        open_heads = (committed == -1).nonzero().tolist()
+        open_heads.sort(key=lambda rh: -float(self.recent[rh[0], rh[1]]))  # stable: ties to the lower router, head
+        places = self.max_global - n_global
+        made = []
+        for rank, (r, h) in enumerate(open_heads):
+            wanted = self.min_global > 0 or self.recent[r, h] >= 0.5
+            path = 1 if rank < places and wanted else 0
+            self.routers[r].commit(h, path)
+            made.append((r, h, path))
         return made
 
 

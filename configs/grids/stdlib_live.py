@@ -68,6 +68,12 @@ runs = {
     # mechanism of the two-seed screen, against LR_one_global_head)
     "routed_head_budget_at_LG_commit": {"schedule": "R", "router_per_token": False, "router_global_heads": 4,
                                         "router_lambda": 0.0, "router_commit_after": 250, "seeds": [1, 2]},
+    # ... and a deadline: the heads still undecided at step 1000 (the budget's last places swap among heads the
+    # loss pulls alike, results/2026-12-06_router_pull) commit to the path they took most of late, so the run
+    # trains at its layout's cost from step 1000 on
+    "routed_head_budget_at_LG_deadline": {"schedule": "R", "router_per_token": False, "router_global_heads": 4,
+                                          "router_lambda": 0.0, "router_commit_after": 250,
+                                          "router_commit_by_iter": 1000, "seeds": [1, 2]},
     "routed_head_budget_one_head_commit": {"schedule": "R", "router_per_token": False, "router_global_heads": 1,
                                            "router_lambda": 0.0, "router_commit_after": 250, "seeds": _five},
     # ... and trained in 'sampled' mode: 1 of each batch's 4 sequences computes both paths (the routers' gradient),
@@ -140,6 +146,9 @@ comparisons = {
     "at LG's cost, per-head then per-token vs per-token routers": ("routed_heads_then_tokens_at_LG", "routed_at_LG"),
     "at LG's cost, per-token routers whose heads commit vs LG": ("routed_at_LG_commit", "LG"),
     "at LG's cost, a budget of 4 heads whose heads commit vs LG": ("routed_head_budget_at_LG_commit", "LG"),
+    "at LG's cost, a budget of 4 heads committed by step 1000 vs LG": ("routed_head_budget_at_LG_deadline", "LG"),
+    "a budget of 4 heads: commits by a deadline vs when they held": ("routed_head_budget_at_LG_deadline",
+                                                                    "routed_head_budget_at_LG_commit"),
     "per-token routing inside a budget of 4 heads vs LG": ("routed_head_budget_tokens_at_LG", "LG"),
     "per-token routing inside a budget of 4 heads vs the budget alone": ("routed_head_budget_tokens_at_LG",
                                                                         "routed_head_budget_at_LG_commit"),

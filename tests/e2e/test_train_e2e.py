@@ -335,6 +335,26 @@ def test_each_evaluation_records_the_mean_bias_gradient_of_each_head_since_the_l
     assert history[-1][0] == 4 and all(g == 0 for layer in history[-1][5] for g in layer)  # committed local
 
 
+def test_at_the_deadline_every_head_commits_within_the_budget_and_a_resume_keeps_the_recent_shares(
+        tmp_path, tiny_corpus):
+    """router_commit_by_iter=8 with a budget of one head and streaks too long to complete: every head commits at
+    step 8, one global; a run resumed at step 6 (the recent shares from its checkpoint) commits the same heads
+    and trains the same losses."""
+    common = {"lr_decay_iters": 12, "eval_interval": 100, "router_per_token": False, "router_global_heads": 1,
+              "router_lambda": 0.0, "router_lambda_ramp": 0, "router_commit_after": 100, "router_commit_by_iter": 8}
+    straight = train.train(*tiny_train_configs(tmp_path / "a", tiny_corpus, max_iters=12, **common))
+    history = json.load(open(tmp_path / "a" / "out" / "train_summary.json"))["commit_history"]
+    assert {step for step, *_ in history} == {8} and len(history) == 4 and sum(p for *_, p in history) == 1
+    train.train(*tiny_train_configs(tmp_path / "b", tiny_corpus, max_iters=6, **common))
+    resumed = train.train(*tiny_train_configs(tmp_path / "b", tiny_corpus, max_iters=12, init_from="resume",
+                                              **common))
+    assert resumed["losses"] == straight["losses"][6:]
+    assert json.load(open(tmp_path / "b" / "out" / "train_summary.json"))["commit_history"] == history
+    recent = [checkpoint.load_checkpoint(str(tmp_path / run / "out"), "cpu")["commit_recent"] for run in "ab"]
+    assert recent[0].shape == (2, 2) and recent[0].sum() > 0
+    torch.testing.assert_close(recent[1], recent[0])
+
+
 def test_sampled_mode_trains_the_routers_at_less_attention_than_exact(tmp_path, tiny_corpus):
     """routed_mode='sampled' (1 of the batch's 4 sequences exact): the routers learn (their weights move from
     their init) and the run computes less attention than the same run in exact mode, more than its ideal."""

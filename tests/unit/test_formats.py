@@ -49,7 +49,7 @@ def test_a_routed_checkpoint_from_before_commits_loads_with_no_head_committed(tm
     torch.save({"model": state, "model_config": asdict(config), "format": 2, "data_meta": {}}, path)
     ckpt = load_checkpoint(path, "cpu")
     assert ckpt["model"]["blocks.0.attn.router.committed"].tolist() == [-1, -1]
-    assert ckpt["commit_history"] == [] and ckpt["commit_streak"] is None
+    assert ckpt["commit_history"] == [] and ckpt["commit_streak"] is None and ckpt["commit_recent"] is None
     loaded, _ = load_model(path, "cpu")
     assert loaded.blocks[0].attn.router.paths == (-1, -1)
     torch.testing.assert_close(loaded.blocks[0].attn.router.logits.bias, model.blocks[0].attn.router.logits.bias)

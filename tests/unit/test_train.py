@@ -288,6 +288,31 @@ def test_no_more_heads_commit_global_than_the_budget_leaves_room_for():
     assert model.routers()[0].paths == (1, -1) and committer.streak[0, 1] == 3
 
 
+def test_at_the_deadline_every_undecided_head_commits_to_the_path_it_took_most_of_late():
+    """router_commit_by_iter=6 with a budget of one head: two heads swap the budget's place (head 0 on 3 steps in
+    4, head 1 on the other), so neither holds it router_commit_after=4 steps in a row; the two heads always local
+    commit local on their own; at step 6 head 0, the more global of late, commits global and head 1 local."""
+    model = committer_model(router_per_token=False, router_global_heads=1)
+    tcfg = TrainConfig(router_commit_after=4, router_commit_by_iter=6, router_lambda_ramp=0)
+    committer = HeadCommitter(tcfg, model.routers(), global_heads=1)
+    made = []
+    for it in range(6):
+        first = it % 4 != 3
+        made += committer.update(it, torch.tensor([[float(first), float(not first)], [0.0, 0.0]]))
+    assert made == [(1, 0, 0), (1, 1, 0)]  # the always-local heads, at step 3
+    assert committer.recent[0, 0] > committer.recent[0, 1]
+    assert committer.update(6, torch.tensor([[0.0, 1.0], [0.0, 0.0]])) == [(0, 0, 1), (0, 1, 0)]  # the last step
+    assert [r.paths for r in model.routers()] == [(1, 0), (0, 0)]  # does not outweigh the recent past
+    # without a budget, each head commits to the path of most of its recent steps
+    model = committer_model(router_per_token=False)
+    committer = HeadCommitter(TrainConfig(router_commit_after=4, router_commit_by_iter=3, router_lambda_ramp=0),
+                              model.routers())
+    for it in range(4):
+        made = committer.update(it, torch.tensor([[1.0, 0.0], [float(it % 2), float(it > 0)]]))
+    # layer 1: head 0 global on 2 of the 4 steps (recent share 0.39 from a start at zero), head 1 on 3 (0.58)
+    assert [r.paths for r in model.routers()] == [(1, 0), (0, 1)]
+
+
 def test_commit_settings_are_checked():
     with pytest.raises(ValueError, match="router_commit_tol"):
         TrainConfig(router_commit_tol=1.5)
@@ -296,6 +321,10 @@ def test_commit_settings_are_checked():
     from nanoaha.train_config import check_config
     with pytest.raises(ValueError, match="router_commit_after commits learned routers"):
         check_config(TrainConfig(router_commit_after=10), GPTConfig(schedule="L"))
+    with pytest.raises(ValueError, match="router_commit_by_iter commits per-head routers"):
+        check_config(TrainConfig(router_commit_by_iter=100), GPTConfig(schedule="R", router_per_token=False))
+    with pytest.raises(ValueError, match="router_commit_by_iter commits per-head routers"):
+        check_config(TrainConfig(router_commit_after=10, router_commit_by_iter=100), GPTConfig(schedule="R"))
 
 
 def test_flips_count_the_decisions_the_model_takes_committed_and_chosen():
