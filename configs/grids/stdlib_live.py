@@ -53,6 +53,12 @@ runs = {
     "routed_head_budget_tokens_at_LG": {"schedule": "R", "router_global_heads": 4, "router_init_bias": 1.0,
                                         "router_token_from_iter": 2000, "router_lambda_start": 2000,
                                         "router_target_global": 0.25, "router_commit_after": 250, "seeds": _five},
+    # ... and trained in 'sampled' mode (1 of each batch's 4 sequences computes both paths): its budget's heads route
+    # per token to the end, which exact mode pays for with both paths on every step
+    "routed_head_budget_tokens_at_LG_sampled": {"schedule": "R", "router_global_heads": 4, "router_init_bias": 1.0,
+                                                "router_token_from_iter": 2000, "router_lambda_start": 2000,
+                                                "router_target_global": 0.25, "router_commit_after": 250,
+                                                "routed_mode": "sampled", "routed_exact_frac": 0.25, "seeds": [1, 2]},
     # ... heads commit to their path once their decisions held 250 steps in a row (router_commit_after), at one
     # head's cost (per-head routers) and at LG's (per-token routers)
     "routed_per_head_one_head_commit": {"schedule": "R", "router_per_token": False, "router_target_global": 0.125,
@@ -150,6 +156,8 @@ comparisons = {
     "a budget of 4 heads: commits by a deadline vs when they held": ("routed_head_budget_at_LG_deadline",
                                                                     "routed_head_budget_at_LG_commit"),
     "per-token routing inside a budget of 4 heads vs LG": ("routed_head_budget_tokens_at_LG", "LG"),
+    "per-token routing inside a budget of 4 heads: sampled vs exact mode": ("routed_head_budget_tokens_at_LG_sampled",
+                                                                           "routed_head_budget_tokens_at_LG"),
     "per-token routing inside a budget of 4 heads vs the budget alone": ("routed_head_budget_tokens_at_LG",
                                                                         "routed_head_budget_at_LG_commit"),
     "at one head's cost, per-head routers whose heads commit vs one fixed global head":
