@@ -127,6 +127,13 @@ def check_config(tcfg, mcfg):
         raise ValueError("router_commit_by_iter commits per-head routers' heads still undecided at that step, by "
                          "their decisions over the last router_commit_after steps: set router_commit_after > 0 "
                          "and router_per_token=False with it")
+    if tcfg.router_commit_by_iter > 0:
+        from nanoaha.training import commit_start  # torch: only where a deadline is set
+        earliest = commit_start(tcfg) + tcfg.router_commit_after
+        if tcfg.router_commit_by_iter < earliest:
+            raise ValueError(f"router_commit_by_iter={tcfg.router_commit_by_iter} comes before the decisions it "
+                             f"reads: set it to at least {earliest} (the first counted step, {commit_start(tcfg)}, "
+                             f"plus router_commit_after={tcfg.router_commit_after})")
     if not mcfg.router_per_token and "R" not in mcfg.layer_letters:
         raise ValueError(f"router_per_token=False decides per head in routed layers, and schedule={mcfg.schedule!r} "
                          f"has none: drop router_per_token=False, or add R to the schedule")

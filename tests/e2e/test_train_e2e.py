@@ -335,16 +335,16 @@ def test_each_evaluation_records_the_mean_bias_gradient_of_each_head_since_the_l
     assert history[-1][0] == 4 and all(g == 0 for layer in history[-1][5] for g in layer)  # committed local
 
 
-def test_at_the_deadline_every_head_commits_within_the_budget_and_a_resume_keeps_the_recent_shares(
+def test_by_the_deadline_every_head_commits_within_the_budget_and_a_resume_keeps_the_recent_shares(
         tmp_path, tiny_corpus):
-    """router_commit_by_iter=8 with a budget of one head and streaks too long to complete: every head commits at
-    step 8, one global; a run resumed at step 6 (the recent shares from its checkpoint) commits the same heads
-    and trains the same losses."""
+    """router_commit_by_iter=8 with a budget of one head (router_commit_after=8: a head stable from step 0
+    commits at step 7 on its own): by step 8 every head has committed, one global; a run resumed at step 6 (the
+    recent shares from its checkpoint) commits the same heads and trains the same losses."""
     common = {"lr_decay_iters": 12, "eval_interval": 100, "router_per_token": False, "router_global_heads": 1,
-              "router_lambda": 0.0, "router_lambda_ramp": 0, "router_commit_after": 100, "router_commit_by_iter": 8}
+              "router_lambda": 0.0, "router_lambda_ramp": 0, "router_commit_after": 8, "router_commit_by_iter": 8}
     straight = train.train(*tiny_train_configs(tmp_path / "a", tiny_corpus, max_iters=12, **common))
     history = json.load(open(tmp_path / "a" / "out" / "train_summary.json"))["commit_history"]
-    assert {step for step, *_ in history} == {8} and len(history) == 4 and sum(p for *_, p in history) == 1
+    assert max(step for step, *_ in history) <= 8 and len(history) == 4 and sum(p for *_, p in history) == 1
     train.train(*tiny_train_configs(tmp_path / "b", tiny_corpus, max_iters=6, **common))
     resumed = train.train(*tiny_train_configs(tmp_path / "b", tiny_corpus, max_iters=12, init_from="resume",
                                               **common))

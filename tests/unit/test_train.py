@@ -325,6 +325,11 @@ def test_commit_settings_are_checked():
         check_config(TrainConfig(router_commit_by_iter=100), GPTConfig(schedule="R", router_per_token=False))
     with pytest.raises(ValueError, match="router_commit_by_iter commits per-head routers"):
         check_config(TrainConfig(router_commit_after=10, router_commit_by_iter=100), GPTConfig(schedule="R"))
+    with pytest.raises(ValueError, match="set it to at least 510"):  # the ramp's 500 steps, then 10 counted
+        check_config(TrainConfig(router_commit_after=10, router_commit_by_iter=100, router_lambda_ramp=500),
+                     GPTConfig(schedule="R", router_per_token=False))
+    check_config(TrainConfig(router_commit_after=10, router_commit_by_iter=510, router_lambda_ramp=500),
+                 GPTConfig(schedule="R", router_per_token=False))
 
 
 def test_flips_count_the_decisions_the_model_takes_committed_and_chosen():
