@@ -206,7 +206,7 @@ def resume(run):
     run.commit_history = ckpt["commit_history"]
     if run.committer is not None and ckpt["commit_streak"] is not None:
         run.committer.streak = ckpt["commit_streak"]
-    if run.committer is not None and ckpt["commit_recent"] is not None:
+    if run.committer is not None and run.committer.recent is not None and ckpt["commit_recent"] is not None:
         run.committer.recent = ckpt["commit_recent"]
     run.wall_before = ckpt["train_wall_s"]  # None: unknown (an old checkpoint kept no wall time)
     run.flop_sums = ckpt["attention_flop_sums"]
@@ -404,12 +404,28 @@ def update_controller(run, out, force_global):
     run.controller.update(fracs.cpu())
 
 
+def learned_router_layers(run):
+    """The layers with a learned router, in order (the rows of run.raw_model.routers())."""
+    return [i for i, block in enumerate(run.raw_model.blocks) if block.attn.router is not None]
+
+
+def per_head_routers(run):
+    """The layers whose routers decide per head (router_per_token=False), in order."""
+    return [i for i in learned_router_layers(run) if run.raw_model.blocks[i].attn.router.bias is not None]
+
+
+def over_layers(run, layers, rows):
+    """rows, one per layer of `layers`, as a list over every layer: None where a layer has no row."""
+    by_layer = dict(zip(layers, rows))
+    return [by_layer.get(i) for i in range(len(run.raw_model.blocks))]
+
+
 def commit_heads(run, out, force_global, held_local):
     """router_commit_after: each learned router's heads' global share of the step's tokens (mean over ranks)
     moves the HeadCommitter; a forced step's decisions are not the routers'."""
     if run.committer is None or force_global or held_local:
         return
-    layers = [i for i, block in enumerate(run.raw_model.blocks) if block.attn.router is not None]
+    layers = learned_router_layers(run)
     fracs = torch.stack([out.gates[i].float().mean((0, 2)) for i in layers])
     if run.ddp:
         dist.all_reduce(fracs)
@@ -419,18 +435,6 @@ def commit_heads(run, out, force_global, held_local):
         if run.master:
             tqdm.write(f"step {run.iter_num}: layer {layers[router]} head {head} commits to "
                        f"{'global' if path else 'local'} attention")
-
-
-def per_head_routers(run):
-    """The layers whose routers decide per head (router_per_token=False), in order."""
-    return [i for i, block in enumerate(run.raw_model.blocks)
-            if block.attn.router is not None and block.attn.router.bias is not None]
-
-
-def per_layer_flips(run, flips):
-    """count_head_flips' rows (one per per-head router) as a list over every layer, None where it has none."""
-    rows = dict(zip(per_head_routers(run), flips))
-    return [rows.get(i) for i in range(len(run.raw_model.blocks))]
 
 
 def count_head_flips(run):
@@ -459,17 +463,6 @@ def step_bias_grads(run):
         return None
     grads = torch.stack([router.head_bias.grad.detach().float() for router in routers])
     return torch.where(torch.isfinite(grads), grads, 0.0)  # fp16: the scaler skips such a step; no sync to find out
-
-
-def per_layer_bias_grads(run):
-    """The mean head-bias gradient per head since the last evaluation as a list over every layer (None where a
-    layer has no learned router, or no step was summed), and the sums reset."""
-    means = None if run.bias_grads is None else (run.bias_grads / run.bias_grad_steps).cpu().tolist()
-    run.bias_grads, run.bias_grad_steps = None, 0
-    if means is None:
-        return None
-    rows = iter(means)
-    return [next(rows) if block.attn.router is not None else None for block in run.raw_model.blocks]
 
 
 def hold_token_weights(run):
@@ -598,9 +591,12 @@ def evaluate_and_save(run, final=False):
                                     decisions=decisions)
     stability = decision_stability(run.val_gates, decisions, mcfg.router_threshold)
     run.val_gates = stability.pop("gates")
-    flips = None if run.head_flips is None else per_layer_flips(run, (run.head_flips / max(1, run.flip_steps)).tolist())
-    run.head_flips, run.flip_steps = None, 0
-    bias_grads = per_layer_bias_grads(run)
+    # the means since the last evaluation, per layer; then the sums restart
+    flips = None if run.head_flips is None else \
+        over_layers(run, per_head_routers(run), (run.head_flips / max(1, run.flip_steps)).tolist())
+    bias_grads = None if run.bias_grads is None else \
+        over_layers(run, learned_router_layers(run), (run.bias_grads / run.bias_grad_steps).cpu().tolist())
+    run.head_flips, run.flip_steps, run.bias_grads, run.bias_grad_steps = None, 0, None, 0
     val_loss = losses["val_loss"]
     finite = math.isfinite(val_loss)
     is_best = finite and val_loss < run.best_val

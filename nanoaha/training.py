@@ -106,7 +106,7 @@ class HeadCommitter:
         budget = global_heads > 0 or cfg.router_target_global > 0
         self.max_global, self.min_global = (bought, bought) if budget else (n_heads, 0)
         self.streak = torch.zeros(len(routers), len(routers[0].paths) if routers else 0, dtype=torch.long)
-        self.recent = torch.zeros(self.streak.shape)
+        self.recent = torch.zeros(self.streak.shape) if self.deadline else None  # only a deadline reads it
 
     def update(self, it, head_fracs):
         """head_fracs: (routers, H) each head's global share of the step's tokens. Returns the commits made,
@@ -116,7 +116,8 @@ class HeadCommitter:
         all_global, all_local = head_fracs >= 1.0 - self.tol, head_fracs <= self.tol
         self.streak = torch.where(all_global, self.streak.clamp(min=0) + 1,
                                   torch.where(all_local, self.streak.clamp(max=0) - 1, torch.zeros_like(self.streak)))
-        self.recent += (head_fracs.float() - self.recent) / self.after
+        if self.recent is not None:
+            self.recent += (head_fracs.float() - self.recent) / self.after
         committed = torch.tensor([router.paths for router in self.routers])  # the buffers' mirror: no device sync
         n_global, n_open = int((committed == 1).sum()), int((committed == -1).sum())
         if self.deadline and it >= self.deadline and n_open:
