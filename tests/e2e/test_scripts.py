@@ -32,3 +32,8 @@ def test_an_unknown_setting_is_one_line_naming_it(script):
     done = run_script(script, "--no_such_setting=1", timeout=120, env=USER_ENV)
     lines = done.stderr.strip().splitlines()
     assert done.returncode != 0 and len(lines) == 1 and "no_such_setting" in lines[0], done.stderr[-2000:]
+
+
+def test_a_layout_that_does_not_fit_the_shape_is_an_error_naming_it():
+    done = run_script("bench/layout_speed.py", "--layout=011", timeout=120, env=USER_ENV)
+    assert done.returncode != 0 and "--layout=011: give 2 layers of 4 digits" in done.stderr.strip().splitlines()[-1]
