@@ -188,7 +188,8 @@ class Router(nn.Module):
         self.paths = tuple(int(c) for c in self.committed.tolist())
 
     def commit(self, head, path):
-        """Head `head` runs `path` (0 local, 1 global) from now on: its router no longer decides for it."""
+        """Head `head` runs `path` (0 local, 1 global) from now on: its router no longer decides for it (-1: it
+        decides again, training's router_release_global)."""
         self.committed[head] = path
         self._read_paths()
 

@@ -79,7 +79,7 @@ class Run:
     # decision differed from the step before; bias gradients: per learned router's head, the mean gradient of its
     # bias over those steps, negative where the loss pulls the head towards global)
     decision_history: list = field(default_factory=list)
-    commit_history: list = field(default_factory=list)  # [step, layer, head, path (0 local, 1 global)] of each commit
+    commit_history: list = field(default_factory=list)  # [step, layer, head, path (0 local, 1 global, -1 released)]
     val_gates: list = None                             # the last evaluation's decisions on the val tokens
     head_decisions: torch.Tensor = None                # per-head routers' decisions after the last step
     head_flips: torch.Tensor = None                    # ... and how often each changed since the last evaluation
@@ -437,6 +437,17 @@ def commit_heads(run, out, force_global, held_local):
                        f"{'global' if path else 'local'} attention")
 
 
+def release_global_heads(run):
+    """router_release_global, at router_token_from_iter: the heads the per-head phase committed global route
+    their tokens from this step on (their token weights, held at zero until now, start to learn)."""
+    layers = learned_router_layers(run)
+    for router, head in run.committer.release():
+        run.commit_history.append([run.iter_num, layers[router], head, -1])
+        if run.master:
+            tqdm.write(f"step {run.iter_num}: layer {layers[router]} head {head} released: its router decides its "
+                       f"tokens")
+
+
 def count_head_flips(run):
     """Per-head routers (router_per_token=False) decide from no input (Router.head_decisions): count, per head,
     the steps whose decision differs from the step before's (the decisions' flicker step by step;
@@ -488,6 +499,8 @@ def train_step(run, signals):
     for group in run.optimizer.param_groups:
         group["lr"] = lr * group.get("lr_mult", 1.0)
     held_local = routers_held_local(it, tcfg)
+    if tcfg.router_release_global and it == tcfg.router_token_from_iter:
+        release_global_heads(run)
     # drawn every step, so the data order does not depend on router_local_iters; held local wins
     force_global = bool(torch.rand((), generator=run.generator) < tcfg.p_dense) and not held_local
     routing = Routing(mode=routed_mode_at(it, tcfg, run.mcfg),

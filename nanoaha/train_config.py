@@ -50,6 +50,9 @@ class TrainConfig:
     router_commit_tol: float = 0.01      # ... "all": at most this share of its tokens decided the other way
     router_commit_by_iter: int = 0       # > 0 (per-head routers): at this step every head still undecided commits
                                          # to the path it took most of late (a deadline for decisions that flicker)
+    router_release_global: bool = False  # per-token routers under a head budget: heads commit in the per-head
+                                         # phase too, and at router_token_from_iter those committed global are
+                                         # released to route their tokens (those committed local stay local)
     sparse_from_iter: int = 0            # with routed_mode='sparse': exact mode before this step
     p_dense: float = 0.0                 # probability that a step runs every routed head globally
     collapse_frac: float = 0.005         # warn when a routed layer's global fraction falls below this
@@ -123,10 +126,21 @@ def check_config(tcfg, mcfg):
     if tcfg.router_commit_after > 0 and not learned:
         raise ValueError("router_commit_after commits learned routers' heads: a schedule with R and "
                          "routing='learned'")
-    if tcfg.router_commit_by_iter > 0 and (tcfg.router_commit_after <= 0 or mcfg.router_per_token):
+    if tcfg.router_release_global and not (tcfg.router_token_from_iter > 0 and tcfg.router_commit_after > 0
+                                           and mcfg.router_global_heads > 0):
+        raise ValueError("router_release_global releases the heads a budget's per-head phase committed global to "
+                         "route their tokens: set router_token_from_iter > 0 (per-token routers that decide per "
+                         "head first), router_commit_after > 0 and router_global_heads > 0 with it")
+    if tcfg.router_commit_by_iter > 0 and (tcfg.router_commit_after <= 0 or mcfg.router_per_token
+                                           and not tcfg.router_release_global):
         raise ValueError("router_commit_by_iter commits per-head routers' heads still undecided at that step, by "
                          "their decisions over the last router_commit_after steps: set router_commit_after > 0 "
-                         "and router_per_token=False with it")
+                         "and router_per_token=False with it (or, for per-token routers' per-head phase, "
+                         "router_release_global=True)")
+    if tcfg.router_release_global and tcfg.router_commit_by_iter > tcfg.router_token_from_iter:
+        raise ValueError(f"router_commit_by_iter={tcfg.router_commit_by_iter} with router_release_global is a "
+                         f"deadline of the per-head phase: set it to at most router_token_from_iter="
+                         f"{tcfg.router_token_from_iter}")
     if tcfg.router_commit_by_iter > 0:
         from nanoaha.training import commit_start  # torch: only where a deadline is set
         earliest = commit_start(tcfg) + tcfg.router_commit_after

@@ -82,7 +82,11 @@ class LambdaController:
 def commit_start(cfg):
     """The first step whose decisions count towards a commit (router_commit_after): the penalty at full weight
     and, with router_token_from_iter, per-token routing released (an all-global start, or the per-head phase,
-    is not a decision yet)."""
+    is not a decision yet). With router_release_global a head budget decides the per-head phase, not the
+    penalty (which starts with the tokens' phase): its decisions count from router_lambda_ramp (after any held
+    local steps), as those of per-head routers under a budget without a penalty."""
+    if cfg.router_release_global:
+        return cfg.router_local_iters + cfg.router_lambda_ramp
     return max(penalty_start(cfg) + cfg.router_lambda_ramp, cfg.router_token_from_iter)
 
 
@@ -95,11 +99,14 @@ class HeadCommitter:
     leaves it reachable (committed global heads plus undecided ones). streak: per router and head, + steps all
     global in a row, - steps all local. router_commit_by_iter=N (per-head routers): at step N every head still
     undecided commits to the path it took most over about the last K steps (recent: each head's global share,
-    an exponential average of time constant K), the budget's open global places going to the most global."""
+    an exponential average of time constant K), the budget's open global places going to the most global.
+    router_release_global: at router_token_from_iter the heads committed global are released (release), and the
+    deadline, a deadline of the per-head phase, holds no more."""
 
     def __init__(self, cfg, routers, global_heads=0):
         self.after, self.tol, self.start = cfg.router_commit_after, cfg.router_commit_tol, commit_start(cfg)
         self.deadline = cfg.router_commit_by_iter
+        self.deadline_ends = cfg.router_token_from_iter if cfg.router_release_global else None
         self.routers = routers
         n_heads = sum(len(router.paths) for router in routers)
         bought = global_heads or round(cfg.router_target_global * n_heads)
@@ -120,7 +127,8 @@ class HeadCommitter:
             self.recent += (head_fracs.float() - self.recent) / self.after
         committed = torch.tensor([router.paths for router in self.routers])  # the buffers' mirror: no device sync
         n_global, n_open = int((committed == 1).sum()), int((committed == -1).sum())
-        if self.deadline and it >= self.deadline and n_open:
+        if self.deadline and it >= self.deadline and n_open and (self.deadline_ends is None
+                                                                 or it < self.deadline_ends):
             return self.commit_all(committed, n_global)
         made = []
         for r, h in (committed == -1).nonzero().tolist():
@@ -132,6 +140,18 @@ class HeadCommitter:
                 n_global, n_open = n_global + path, n_open - 1
                 made.append((r, h, path))
         return made
+
+    def release(self):
+        """router_release_global: every head committed global routes again (its router decides its tokens), its
+        streak from zero. Returns [(router index, head)] released."""
+        released = []
+        for r, router in enumerate(self.routers):
+            for h, path in enumerate(router.paths):
+                if path == 1:
+                    router.commit(h, -1)
+                    self.streak[r, h] = 0
+                    released.append((r, h))
+        return released
 
     def commit_all(self, committed, n_global):
         """The deadline: every undecided head commits, the most global over the recent steps first to the open

@@ -53,6 +53,14 @@ runs = {
     "routed_head_budget_tokens_at_LG": {"schedule": "R", "router_global_heads": 4, "router_init_bias": 1.0,
                                         "router_token_from_iter": 2000, "router_lambda_start": 2000,
                                         "router_target_global": 0.25, "router_commit_after": 250, "seeds": _five},
+    # ... and its per-head phase committed, by a deadline at step 1000, before the budget's global heads are
+    # released to route their tokens at step 2000 (without it the budget's places swap until step 2000, and the
+    # run was 0.03-0.06 behind the budget of whole heads with commits there on seeds 1-2)
+    "routed_head_budget_tokens_at_LG_deadline": {"schedule": "R", "router_global_heads": 4, "router_init_bias": 1.0,
+                                                 "router_token_from_iter": 2000, "router_lambda_start": 2000,
+                                                 "router_target_global": 0.25, "router_commit_after": 250,
+                                                 "router_commit_by_iter": 1000, "router_release_global": True,
+                                                 "seeds": [1, 2]},
     # ... and trained in 'sampled' mode (1 of each batch's 4 sequences computes both paths): its budget's heads route
     # per token to the end, which exact mode pays for with both paths on every step
     "routed_head_budget_tokens_at_LG_sampled": {"schedule": "R", "router_global_heads": 4, "router_init_bias": 1.0,
@@ -157,6 +165,10 @@ comparisons = {
     "a budget of 4 heads: commits by a deadline vs when they held": ("routed_head_budget_at_LG_deadline",
                                                                     "routed_head_budget_at_LG_commit"),
     "per-token routing inside a budget of 4 heads vs LG": ("routed_head_budget_tokens_at_LG", "LG"),
+    "per-token routing inside a budget of 4 heads committed first vs LG": ("routed_head_budget_tokens_at_LG_deadline",
+                                                                           "LG"),
+    "per-token routing inside a budget of 4 heads: its heads committed first or not": (
+        "routed_head_budget_tokens_at_LG_deadline", "routed_head_budget_tokens_at_LG"),
     "per-token routing inside a budget of 4 heads: sampled vs exact mode": ("routed_head_budget_tokens_at_LG_sampled",
                                                                            "routed_head_budget_tokens_at_LG"),
     "per-token routing inside a budget of 4 heads vs the budget alone": ("routed_head_budget_tokens_at_LG",

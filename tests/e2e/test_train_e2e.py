@@ -355,6 +355,36 @@ def test_by_the_deadline_every_head_commits_within_the_budget_and_a_resume_keeps
     torch.testing.assert_close(recent[1], recent[0])
 
 
+def test_heads_committed_global_in_the_per_head_phase_route_their_tokens_after_it_and_a_resume_keeps_it(
+        tmp_path, tiny_corpus):
+    """router_release_global with per-token routers under a budget of one head: by the deadline (step 6) every
+    head has committed, one global; at router_token_from_iter=8 that head is released (commit_history: path -1)
+    and its router's token weights, zero until then, learn; the others stay committed local. Runs resumed
+    before the release (step 6) and after it (step 10) train the same losses and end with the same commits."""
+    common = {"lr_decay_iters": 14, "eval_interval": 100, "router_global_heads": 1, "router_init_bias": 1.0,
+              "router_lambda_ramp": 0, "router_lambda_start": 8, "router_target_global": 0.25,
+              "router_commit_after": 3, "router_commit_by_iter": 6, "router_token_from_iter": 8,
+              "router_release_global": True}
+    straight = train.train(*tiny_train_configs(tmp_path / "a", tiny_corpus, max_iters=14, **common))
+    history = json.load(open(tmp_path / "a" / "out" / "train_summary.json"))["commit_history"]
+    before = [entry for entry in history if entry[0] < 8]
+    assert len(before) == 4 and max(step for step, *_ in before) <= 6 and sum(p for *_, p in before) == 1
+    (step, layer, head, _), = [entry for entry in before if entry[3] == 1]
+    assert [8, layer, head, -1] in history
+    model, _ = checkpoint.load_model(tmp_path / "a" / "out" / "ckpt.pt", "cpu")
+    router = model.blocks[layer].attn.router
+    assert router.logits.weight[head].abs().sum() > 0  # its tokens' weights learned after the release
+    others = [(i, h) for i in range(2) for h in range(2) if (i, h) != (layer, head)]
+    assert all(model.blocks[i].attn.router.paths[h] == 0 for i, h in others)
+    assert all(model.blocks[i].attn.router.logits.weight[h].abs().sum() == 0 for i, h in others)
+    for stop in (6, 10):
+        out = tmp_path / f"resumed_{stop}"
+        train.train(*tiny_train_configs(out, tiny_corpus, max_iters=stop, **common))
+        resumed = train.train(*tiny_train_configs(out, tiny_corpus, max_iters=14, init_from="resume", **common))
+        assert resumed["losses"] == straight["losses"][stop:]
+        assert json.load(open(out / "out" / "train_summary.json"))["commit_history"] == history
+
+
 def test_sampled_mode_trains_the_routers_at_less_attention_than_exact(tmp_path, tiny_corpus):
     """routed_mode='sampled' (1 of the batch's 4 sequences exact): the routers learn (their weights move from
     their init) and the run computes less attention than the same run in exact mode, more than its ideal."""

@@ -313,6 +313,28 @@ def test_at_the_deadline_every_undecided_head_commits_to_the_path_it_took_most_o
     assert [r.paths for r in model.routers()] == [(1, 0), (0, 1)]
 
 
+def test_release_puts_the_heads_committed_global_back_to_routing_and_ends_the_deadline():
+    """router_release_global: the per-head phase's decisions count from the ramp (not from the tokens' phase);
+    at the deadline the budget's two places go to the most global heads; release (router_token_from_iter) makes
+    them route again with their streaks from zero, the heads committed local stay local, and the deadline, past,
+    does not commit the released heads again."""
+    model = committer_model(router_global_heads=2)
+    tcfg = TrainConfig(router_commit_after=2, router_commit_by_iter=4, router_lambda_ramp=1, router_lambda_start=6,
+                       router_token_from_iter=6, router_release_global=True)
+    assert commit_start(tcfg) == 1
+    committer = HeadCommitter(tcfg, model.routers(), global_heads=2)
+    made = []
+    for it in range(5):  # layer 0 head 0 and layer 1 head 1 swap one place, layer 0 head 1 holds the other
+        swap = float(it % 2)
+        made += committer.update(it, torch.tensor([[1.0 - swap, 1.0], [0.0, swap]]))
+    assert [r.paths for r in model.routers()] == [(1, 1), (0, 0)]
+    assert made[-2:] == [(0, 0, 1), (1, 1, 0)]  # the deadline, step 4: head 0 was global on more recent steps
+    assert committer.release() == [(0, 0), (0, 1)]
+    assert [r.paths for r in model.routers()] == [(-1, -1), (0, 0)] and committer.streak[0].tolist() == [0, 0]
+    assert committer.update(6, torch.tensor([[0.5, 1.0], [0.0, 0.0]])) == []  # routing its tokens: no deadline
+    assert committer.update(7, torch.tensor([[0.5, 1.0], [0.0, 0.0]])) == [(0, 1, 1)]  # all global 2 steps
+
+
 def test_commit_settings_are_checked():
     with pytest.raises(ValueError, match="router_commit_tol"):
         TrainConfig(router_commit_tol=1.5)
@@ -330,6 +352,15 @@ def test_commit_settings_are_checked():
                      GPTConfig(schedule="R", router_per_token=False))
     check_config(TrainConfig(router_commit_after=10, router_commit_by_iter=510, router_lambda_ramp=500),
                  GPTConfig(schedule="R", router_per_token=False))
+    with pytest.raises(ValueError, match="router_release_global releases"):
+        check_config(TrainConfig(router_commit_after=10, router_release_global=True, router_token_from_iter=100),
+                     GPTConfig(schedule="R"))  # no head budget
+    budget = GPTConfig(schedule="R", router_global_heads=1)
+    released = {"router_commit_after": 10, "router_release_global": True, "router_token_from_iter": 1000,
+                "router_lambda_ramp": 500}
+    with pytest.raises(ValueError, match="a deadline of the per-head phase: set it to at most"):
+        check_config(TrainConfig(router_commit_by_iter=1500, **released), budget)
+    check_config(TrainConfig(router_commit_by_iter=1000, **released), budget)
 
 
 def test_flips_count_the_decisions_the_model_takes_committed_and_chosen():
