@@ -96,7 +96,7 @@ def parse_layout(text, n_layer, n_head):
 
 def variants(layout):
     """{name: (GPTConfig settings, setup after building or None)} for `layout`."""
-    default = layout == parse_layout(DEFAULT_LAYOUT, 2, 4)
+    default = layout == parse_layout(DEFAULT_LAYOUT, SHAPE["n_layer"], SHAPE["n_head"])
     fixed = {"schedule": "LR" if default else "R" * len(layout), "routing": "random",
              "random_global_q": [0.0 if default else [float(d) for d in layout[0]]]
              + [[float(d) for d in paths] for paths in layout[1:]]}
