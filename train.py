@@ -241,7 +241,7 @@ def start_from(run):
             run.generator.set_state(ckpt["rng"]["data"])
         elif run.master:
             tqdm.write(f"{init_from} keeps no data stream (a pruned checkpoint): its batches start from seed "
-                       f"{run.tcfg.seed}, and may repeat what it trained on")
+                       f"{run.tcfg.seed}'s data order {run.tcfg.data_order}, and may repeat what it trained on")
 
 
 def setup(tcfg, mcfg, ddp, rank, world, device):
@@ -258,7 +258,7 @@ def setup(tcfg, mcfg, ddp, rank, world, device):
     # Every rank draws the same data windows and forced-global steps (generator, seeded alike) and takes its own
     # slice of the global batch; random routing and dropout draw from torch's RNG, seeded per rank.
     torch.manual_seed(tcfg.seed + rank)
-    generator = torch.Generator().manual_seed(tcfg.seed)
+    generator = torch.Generator().manual_seed(tcfg.data_order_seed)
     model = GPT(mcfg).to(device)
     n_routers = len(model.routers())
     controller = LambdaController(tcfg, n_routers) if tcfg.router_target_global > 0 else None

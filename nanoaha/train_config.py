@@ -69,6 +69,9 @@ class TrainConfig:
     compile: bool = False
     peak_flops: float = 0.0              # per device, for MFU; 0: a known GPU's 16-bit peak (nanoaha/device.py), else none
     seed: int = 1337
+    data_order: int = 0                  # which data order (windows drawn, forced-global steps) at this seed:
+                                         # 0 the seed's own; k > 0 another one, the same init on other batches
+                                         # (the noise floor of a same-seed comparison)
     progress_bar: bool = True
 
     def __post_init__(self):
@@ -76,7 +79,8 @@ class TrainConfig:
         at_least = {"batch_size": 1, "grad_accum": 1, "eval_interval": 1, "eval_iters": 1, "log_interval": 1,
                     "max_nonfinite_steps": 1, "max_iters": 0, "warmup_iters": 0, "lr_decay_iters": 0,
                     "router_lambda_start": 0, "router_lambda_ramp": 0, "sparse_from_iter": 0,
-                    "router_commit_after": 0, "router_commit_by_iter": 0, "router_local_iters": 0, "probe_spans": 0}
+                    "router_commit_after": 0, "router_commit_by_iter": 0, "router_local_iters": 0, "probe_spans": 0,
+                    "data_order": 0}
         for key, low in at_least.items():
             if getattr(self, key) < low:
                 raise ValueError(f"{key}={getattr(self, key)} must be at least {low}")
@@ -101,6 +105,10 @@ class TrainConfig:
             raise ValueError(f"trainable={self.trainable!r}: use 'all' or 'router'")
         if not self.out_dir:
             raise ValueError("out_dir is empty: name the folder for checkpoints and logs")
+
+    @property
+    def data_order_seed(self):
+        return self.seed + 100_003 * self.data_order
 
 
 def check_config(tcfg, mcfg):

@@ -31,6 +31,8 @@ runs = {
     "dense": {"schedule": "G", "seeds": _five},
     "local": {"schedule": "L"},
     "LG": {"schedule": "LG", "seeds": _five},
+    # LG again at each seed's init on another data order: how far two equally good rows land at one seed
+    "LG_other_data": {"schedule": "LG", "data_order": 1, "seeds": _five},
     "GL": {"schedule": "GL", "seeds": [2]},
     # one head of the second layer always global over a local first layer: the layout per-head routers find
     "LR_one_global_head": {"schedule": "LR", "routing": "random", "random_global_q": [0.0, [1.0, 0.0, 0.0, 0.0]],
@@ -140,6 +142,7 @@ runs = {
 comparisons = {
     "dense vs local": ("dense", "local"),
     "LG vs local": ("LG", "local"),
+    "the noise floor: LG on another data order vs LG, same init": ("LG_other_data", "LG"),
     "learned routing vs local": ("routed", "local"),
     "learned routing vs dense": ("routed", "dense"),
     "at LG's attention cost: learned vs LG": ("routed_at_LG", "LG"),

@@ -242,6 +242,30 @@ def test_fine_tuning_trains_on_the_batches_after_its_checkpoints_not_on_them_aga
     assert tuned == whole[4:] and tuned != first
 
 
+def test_data_order_trains_the_same_init_on_other_batches(tmp_path, tiny_corpus, monkeypatch):
+    """data_order=0 is the seed's own order; data_order=1 draws other batches (another at another seed) from the
+    same init: the step-0 val loss, on fixed val windows, is the same, the losses after it are not."""
+    drawn = []
+    starts = TokenData.train_starts
+    monkeypatch.setattr(TokenData, "train_starts", lambda self, n, generator: drawn.append(starts(self, n, generator))
+                        or drawn[-1])
+
+    def run(name, **overrides):
+        drawn.clear()
+        losses = train.train(*tiny_train_configs(tmp_path / name, tiny_corpus, max_iters=3, eval_interval=3,
+                                                 **overrides))["losses"]
+        with open(tmp_path / name / "out" / "train_summary.json") as f:
+            return list(drawn), losses, json.load(f)["val_history"]
+
+    own, own_losses, own_val = run("own")
+    assert run("order_0", data_order=0)[0] == own
+    other, other_losses, other_val = run("order_1", data_order=1)
+    assert other != own and other_val[0] == own_val[0] and other_losses != own_losses
+    assert run("seed_2_order_1", data_order=1, seed=2)[0] not in (own, other)
+    with pytest.raises(ValueError, match="data_order=-1 must be at least 0"):
+        tiny_train_configs(tmp_path / "bad", tiny_corpus, data_order=-1)
+
+
 def test_router_token_from_iter_decides_per_head_first_then_per_token(tmp_path, tiny_corpus):
     """Before router_token_from_iter the token weights stay at zero (one decision per head, from the bias, which
     learns); from it they learn."""
