@@ -219,15 +219,20 @@ def test_the_repeat_probe_runs_at_every_evaluation_without_moving_training(tmp_p
         assert json.load(f)["copy_history"] == []
 
 
-def test_fine_tuning_trains_on_the_batches_after_its_checkpoints_not_on_them_again(tmp_path, tiny_corpus,
-                                                                                   monkeypatch):
+@pytest.fixture
+def drawn(monkeypatch):
+    """The window starts every TokenData.train_starts call of the test draws, in order."""
+    calls = []
+    starts = TokenData.train_starts
+    monkeypatch.setattr(TokenData, "train_starts", lambda self, n, generator: calls.append(starts(self, n, generator))
+                        or calls[-1])
+    return calls
+
+
+def test_fine_tuning_trains_on_the_batches_after_its_checkpoints_not_on_them_again(tmp_path, tiny_corpus, drawn):
     """Re-seeded from `seed`, a run fine-tuned from a checkpoint drew the batches its start had trained on: the
     routed half of a fine-tuning row replayed its dense half. It continues the stream: its batches are those a
     run from scratch draws after the same number of steps."""
-    drawn = []
-    starts = TokenData.train_starts
-    monkeypatch.setattr(TokenData, "train_starts", lambda self, n, generator: drawn.append(starts(self, n, generator))
-                        or drawn[-1])
 
     def run(name, steps, **overrides):
         drawn.clear()
@@ -242,13 +247,9 @@ def test_fine_tuning_trains_on_the_batches_after_its_checkpoints_not_on_them_aga
     assert tuned == whole[4:] and tuned != first
 
 
-def test_data_order_trains_the_same_init_on_other_batches(tmp_path, tiny_corpus, monkeypatch):
+def test_data_order_trains_the_same_init_on_other_batches(tmp_path, tiny_corpus, drawn):
     """data_order=0 is the seed's own order; data_order=1 draws other batches (another at another seed) from the
     same init: the step-0 val loss, on fixed val windows, is the same, the losses after it are not."""
-    drawn = []
-    starts = TokenData.train_starts
-    monkeypatch.setattr(TokenData, "train_starts", lambda self, n, generator: drawn.append(starts(self, n, generator))
-                        or drawn[-1])
 
     def run(name, **overrides):
         drawn.clear()
