@@ -169,7 +169,8 @@ def headline_lines(grid, rows):
         return []
     return ["## Headline", "", f"Against {grid.headline['reference']} at the same seed; a copy head: the repeat "
             f"probe's copy gain ends at {COPY_HEAD_GAIN} nats or more.", "",
-            headline_table(rows, grid.headline["runs"], grid.headline["reference"]), ""]
+            headline_table(rows, grid.headline["runs"], grid.headline["reference"], grid.headline.get("noise_floor")),
+            ""]
 
 
 def draw_plots(record, grid, jobs, rows):

@@ -15,13 +15,16 @@ the grid answers:
     evaluate = {"eval_tokens": 65536}                   # optional: evaluate.py options for every run
     comparisons = {"learned vs random routing": ("routed", "random")}  # optional: question -> (run, other run)
     headline = {"reference": "dense", "runs": {"routed": "learned routing"}}  # optional: the record's first table
+    # headline may also name "noise_floor": a run that is the reference again on another data order (data_order=1)
 
 "run:NAME" (init_from) is the checkpoint of run NAME with the same seed; "matched:NAME" (random_global_q) the
 per-layer global fractions of NAME's evaluation, same seed, "matched_heads:NAME" its per-head ones. Either makes NAME run first. A run's "seeds" key
 replaces the grid's seeds for that run. Run NAME at seed S trains in OUT/GRID/NAME__seed_S. Each of
 "comparisons" becomes a line of the record's comparisons table: the first run's val loss minus the other's at
 the same seed (the pairs the grid's conclusions rest on). "headline" names the core rows (run -> what it is) of
-the record's first table (tables.headline_table), each against the reference run at the same seed.
+the record's first table (tables.headline_table), each against the reference run at the same seed; its optional
+"noise_floor" run measures how far two equally good runs land at one seed, and the table counts the differences
+inside that as ties.
 
 load_grid reads a grid file and checks it (every problem a GridError with a one-line message); run_order puts
 each run after the runs it depends on. compare.py runs a grid: the plan is plan.py, running it runner.py, its
@@ -57,7 +60,8 @@ class Grid:
     references: dict      # {"local": run name, "dense": run name}, either may be missing
     evaluate: dict        # evaluate.py options
     comparisons: dict = dataclasses.field(default_factory=dict)  # question -> (run, other run)
-    headline: dict = dataclasses.field(default_factory=dict)  # {"reference": run, "runs": {run: what it is}}
+    headline: dict = dataclasses.field(default_factory=dict)  # {"reference": run, "runs": {run: what it is}},
+    #                                                             optionally "noise_floor": run
 
 
 def grid_doc(source):
@@ -149,14 +153,20 @@ def load_grid(path):
 
 
 def check_headline(path, headline, runs):
-    """headline: {} or {"reference": a run, "runs": {run: what it is (a string)}}, every name a run."""
+    """headline: {} or {"reference": a run, "runs": {run: what it is (a string)}, optionally "noise_floor": a
+    run}, every name a run."""
     if not headline:
         return
-    ok = isinstance(headline, dict) and set(headline) == {"reference", "runs"} and \
-        isinstance(headline["runs"], dict) and all(isinstance(v, str) for v in headline["runs"].values())
+    ok = isinstance(headline, dict) and {"reference", "runs"} <= set(headline) <= {"reference", "runs", "noise_floor"} \
+        and isinstance(headline["runs"], dict) and all(isinstance(v, str) for v in headline["runs"].values())
     if not ok:
-        raise GridError(f"{path}: headline must be {{'reference': RUN, 'runs': {{RUN: 'what it is', ...}}}}")
-    missing = [name for name in [headline["reference"], *headline["runs"]] if name not in runs]
+        raise GridError(f"{path}: headline must be {{'reference': RUN, 'runs': {{RUN: 'what it is', ...}}}}, "
+                        f"optionally with 'noise_floor': RUN")
+    if headline.get("noise_floor") == headline["reference"]:
+        raise GridError(f"{path}: headline's noise_floor is its reference; name the reference's run on another "
+                        f"data order (data_order=1)")
+    floor = [headline["noise_floor"]] if "noise_floor" in headline else []
+    missing = [name for name in [headline["reference"], *headline["runs"], *floor] if name not in runs]
     if missing:
         raise GridError(f"{path}: headline names {', '.join(map(repr, missing))}, not a run of the grid")
 

@@ -480,23 +480,56 @@ def copy_head_step(result):
     return next(step for step, gain, *_ in history if gain >= COPY_HEAD_GAIN)
 
 
-def agreement_text(diffs):
+def agreement_text(diffs, floor=None):
     """How many same-seed differences say better, worse or tie (within SMALLEST_DIFFERENCE), e.g. 'worse on 3 of
-    3', 'better on 1, worse on 2 of 3'."""
-    counts = {"better": sum(d <= -SMALLEST_DIFFERENCE for d in diffs), "worse": sum(d >= SMALLEST_DIFFERENCE for d in diffs)}
-    counts["tie"] = len(diffs) - counts["better"] - counts["worse"]
+    3', 'better on 1, worse on 2 of 3'; with a noise floor, the differences within +-floor are counted as such
+    ('better on 1, within +-0.020 on 3, worse on 1 of 5')."""
+    inside = (lambda d: abs(d) <= floor) if floor else (lambda d: abs(d) < SMALLEST_DIFFERENCE)
+    counts = {"better": sum(d < 0 and not inside(d) for d in diffs),
+              "worse": sum(d > 0 and not inside(d) for d in diffs)}
+    counts["tie" if not floor else f"within \u00b1{floor:.3f}"] = sum(inside(d) for d in diffs)
     said = [f"{word} on {n}" for word, n in counts.items() if n]
     return f"{', '.join(said)} of {len(diffs)}"
 
 
-def headline_table(rows, runs, reference):
+def noise_floor(rows, reference, run, metric="val_loss"):
+    """(floor, differences): the same-seed differences of `run` (the reference on another data order) to the
+    reference, and the largest of them in size, how far two equally good runs land at one seed; floor None
+    below two seeds."""
+    by_name = {row.run: row for row in rows}
+    if run not in by_name or reference not in by_name:
+        return None, []
+    diffs = paired_differences(by_name[run], by_name[reference], metric)
+    return (max(abs(d) for d in diffs) if len(diffs) >= 2 else None), diffs
+
+
+def noise_floor_text(rows, reference, run):
+    """The line under a headline table that says its noise floor: the differences it comes from, per metric."""
+    floor, diffs = noise_floor(rows, reference, run)
+    key_floor, key_diffs = noise_floor(rows, reference, run, "key_loss")
+    listed = ", ".join(map(signed, diffs))
+    if floor is None:
+        return (f"Noise floor: `{run}` ({reference} on another data order, same init) has {len(diffs)} seed"
+                f"{'' if len(diffs) == 1 else 's'}{f' ({listed})' if diffs else ''} against {reference}; until it has two, "
+                f"a tie is a difference under {SMALLEST_DIFFERENCE}.\n")
+    key = f" (key tokens {', '.join(map(signed, key_diffs))})" if key_floor is not None else ""
+    key_within = f" (key tokens \u00b1{key_floor:.3f})" if key_floor is not None else ""
+    return (f"Noise floor: `{run}` ({reference} on another data order, same init) against {reference} at the same "
+            f"seed: {listed}{key} over {len(diffs)} seeds; a difference within the largest, \u00b1{floor:.3f}"
+            f"{key_within}, is one two equally good runs also show, and the table counts it as within.\n")
+
+
+def headline_table(rows, runs, reference, floor_run=None):
     """The README's table: per run (runs: {run: what it is}), all-token and key-token val loss, the same-seed
     difference to `reference` on both with how many seeds agree, the copy-head count (the seeds whose repeat probe
     ends at COPY_HEAD_GAIN or more, of those probed during training), attention FLOPs ideal (the trained model's
     decisions) and as computed in training (the mean over the run's logged steps), KV-cache bytes and training
-    tokens/s, each from the seeds the record has."""
+    tokens/s, each from the seeds the record has. floor_run: the reference on another data order, whose
+    differences to it set the noise floor (noise_floor) within which the cells count ties, said under the table."""
     by_name = {row.run: row for row in rows}
     ref = by_name[reference]
+    floors = {metric: noise_floor(rows, reference, floor_run, metric)[0] if floor_run else None
+              for metric in ("val_loss", "key_loss")}
     computed = "flops_training" if knows_training_flops(rows) else "flops_computed"  # older records: the end's
     lines = [f"| run | what it is | seeds | val loss | key-token loss | vs {reference}, same seed | key tokens vs "
              f"{reference} | copy head | attention FLOPs ideal / in training | KV cache | training tokens/s |",
@@ -512,7 +545,7 @@ def headline_table(rows, runs, reference):
             diffs = paired_differences(row, ref, metric)
             stat = spread(diffs)
             cells.append("reference" if run == reference else "-" if stat is None else
-                         f"{signed(stat[0])} [{signed(stat[1])}, {signed(stat[2])}], {agreement_text(diffs)}")
+                         f"{signed(stat[0])} [{signed(stat[1])}, {signed(stat[2])}], {agreement_text(diffs, floors[metric])}")
         probed = [copy_head_step(r) for r in done if copy_head_step(r) is not None]
         copy = f"{sum(step is not False for step in probed)} of {len(probed)}" if probed else "not probed"
         if probed and len(probed) < len(done):
@@ -523,7 +556,7 @@ def headline_table(rows, runs, reference):
                      f"{fmt_loss(row.stat('key_loss'))} | {cells[0]} | {cells[1]} | {copy} | "
                      f"{percent(row.mean('flops_ideal'), 0)} / {percent(row.mean(computed), 0)} | "
                      f"{percent(kv and kv[0], 0)} | {'-' if tokens is None else f'{tokens:,.0f}'} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + (noise_floor_text(rows, reference, floor_run) if floor_run else "")
 
 
 def record_table(rows, references, comparisons):

@@ -630,6 +630,32 @@ def test_a_copy_head_is_a_copy_gain_that_ends_at_the_level_and_is_dated_from_whe
     assert agreement_text([0.0005, 0.2]) == "worse on 2 of 2"
 
 
+def test_a_headline_with_a_noise_floor_counts_the_differences_inside_it_as_within_and_says_where_it_comes_from():
+    """The floor is the largest same-seed difference between the reference and itself on another data order;
+    a row's differences inside it (either sign) are counted as within, those outside as better or worse."""
+    from nanoaha.grid.tables import agreement_text, headline_table, noise_floor
+    assert agreement_text([-0.05, -0.01, 0.02, 0.03, 0.2], floor=0.03) == \
+        "better on 1, worse on 1, within \u00b10.030 on 3 of 5"
+    ref = Row("LG", "fixed", "LG", [1, 2, 3], [result(s, loss, key_loss=key) for s, loss, key in ((1, 2.0, 1.0), (2, 2.1, 1.1), (3, 2.2, 1.2))])
+    again = Row("LG_again", "fixed", "LG", [1, 2, 3], [result(1, 2.01, key_loss=1.0), result(2, 2.08, key_loss=1.06),
+                                                     result(3, 2.2, key_loss=1.2)])
+    routed = Row("routed", "routed", "RR", [1, 2, 3], [result(1, 1.95, key_loss=1.0), result(2, 2.115, key_loss=1.05),
+                                                     result(3, 2.3, key_loss=1.3)])
+    floor, diffs = noise_floor([ref, again], "LG", "LG_again")
+    assert floor == pytest.approx(0.02) and diffs == pytest.approx([0.01, -0.02, 0.0])
+    assert noise_floor([ref, again], "LG", "LG_again", "key_loss")[0] == pytest.approx(0.04)
+    lines = headline_table([ref, again, routed], {"LG": "x", "routed": "y"}, "LG", floor_run="LG_again").splitlines()
+    cells = [c.strip() for c in lines[3].strip("|").split("|")]
+    assert cells[5] == "+0.022 [-0.050, +0.100], better on 1, worse on 1, within \u00b10.020 on 1 of 3"
+    assert cells[6] == "+0.017 [-0.050, +0.100], better on 1, worse on 1, within \u00b10.040 on 1 of 3"  # key tokens' own floor
+    assert lines[-1].startswith("Noise floor: `LG_again` (LG on another data order, same init) against LG at the "
+                                "same seed: +0.010, -0.020, +0.000 (key tokens +0.000, -0.040, +0.000) over 3 seeds")
+    one_seed = Row("LG_again", "fixed", "LG", [1, 2], [result(1, 2.01), result(2, None)])
+    lines = headline_table([ref, one_seed, routed], {"routed": "y"}, "LG", floor_run="LG_again").splitlines()
+    assert "better on 1, worse on 2 of 3" in lines[2] and "has 1 seed (+0.010)" in lines[-1]
+    assert headline_table([ref, routed], {"routed": "y"}, "LG").splitlines()[-1].startswith("| routed")
+
+
 def test_the_readmes_headline_table_regenerates_from_the_record_it_names(capsys):
     """The README's table is `compare.py GRID --headline=RECORD`, byte for byte, for the record it links."""
     import re
@@ -650,6 +676,14 @@ def test_a_grids_headline_names_runs_it_has(tmp_path):
     path = write_grid(tmp_path / "g.py", {"a": {"schedule": "L"}}, {}, extra="headline = {'runs': ['a']}\n")
     with pytest.raises(GridError, match="headline must be"):
         load_grid(path)
+    floor = "headline = {'reference': 'a', 'runs': {'a': 'x'}, 'noise_floor': %r}\n"
+    with pytest.raises(GridError, match="headline names 'c', not a run of the grid"):
+        load_grid(write_grid(tmp_path / "g.py", {"a": {"schedule": "L"}}, {}, extra=floor % "c"))
+    with pytest.raises(GridError, match="noise_floor is its reference; name the reference's run on another data"):
+        load_grid(write_grid(tmp_path / "g.py", {"a": {"schedule": "L"}}, {}, extra=floor % "a"))
+    grid = load_grid(write_grid(tmp_path / "g.py", {"a": {"schedule": "L"}, "b": {"schedule": "L", "data_order": 1}},
+                                {}, extra=floor % "b"))
+    assert grid.headline["noise_floor"] == "b"
 
 
 def test_a_records_plots_are_drawn_again_from_its_rows_and_grid_file(tmp_path, capsys):
