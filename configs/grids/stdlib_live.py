@@ -203,6 +203,7 @@ headline = {"reference": "LG", "runs": {
     "dense": "dense attention in both layers",
     "local": "window 32 in both layers",
     "LG": "local first layer, dense second",
+    "LG_other_data": "LG again on another data order, same init (the noise floor)",
     "LR_one_global_head": "local first layer; one always-global head in the second",
     "routed_at_LG": "learned per-token routing, every layer, at LG's cost (half the decisions global)",
     "routed_per_head_at_LG": "learned per-head routing (one decision per head), at LG's cost",
@@ -215,5 +216,5 @@ headline = {"reference": "LG", "runs": {
     "routed_head_budget_tokens_at_LG": "learned per-token routing inside a budget of 4 heads (per-head decisions "
                                        "until step 2000), a quarter of the decisions global; heads commit",
     "dense_then_routed": "2500 dense steps, then 2500 routed (lambda 0.01) on the next batches",
-}}
+}, "noise_floor": "LG_other_data"}
 evaluate = {"eval_tokens": 65536, "key_window": 32}
