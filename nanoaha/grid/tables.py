@@ -492,30 +492,27 @@ def agreement_text(diffs, floor=None):
     return f"{', '.join(said)} of {len(diffs)}"
 
 
-def noise_floor(rows, reference, run, metric="val_loss"):
-    """(floor, differences): the same-seed differences of `run` (the reference on another data order) to the
-    reference, and the largest of them in size, how far two equally good runs land at one seed; floor None
-    below two seeds."""
-    by_name = {row.run: row for row in rows}
-    if run not in by_name or reference not in by_name:
-        return None, []
-    diffs = paired_differences(by_name[run], by_name[reference], metric)
+def noise_floor(floor_row, ref, metric="val_loss"):
+    """(floor, differences): the same-seed differences of floor_row (the reference on another data order) to the
+    reference row, and the largest of them in size, how far two equally good runs land at one seed; floor None
+    below two seeds (or without floor_row)."""
+    diffs = paired_differences(floor_row, ref, metric) if floor_row is not None else []
     return (max(abs(d) for d in diffs) if len(diffs) >= 2 else None), diffs
 
 
-def noise_floor_text(rows, reference, run):
-    """The line under a headline table that says its noise floor: the differences it comes from, per metric."""
-    floor, diffs = noise_floor(rows, reference, run)
-    key_floor, key_diffs = noise_floor(rows, reference, run, "key_loss")
+def noise_floor_text(floor_run, reference, floors):
+    """The line under a headline table that says its noise floor. floors: {metric: noise_floor's (floor,
+    differences)} for val_loss and key_loss."""
+    (floor, diffs), (key_floor, key_diffs) = floors["val_loss"], floors["key_loss"]
     listed = ", ".join(map(signed, diffs))
     if floor is None:
-        return (f"Noise floor: `{run}` ({reference} on another data order, same init) has {len(diffs)} seed"
-                f"{'' if len(diffs) == 1 else 's'}{f' ({listed})' if diffs else ''} against {reference}; until it has two, "
-                f"a tie is a difference under {SMALLEST_DIFFERENCE}.\n")
+        return (f"Noise floor: `{floor_run}` ({reference} on another data order, same init) has {len(diffs)} seed"
+                f"{'' if len(diffs) == 1 else 's'}{f' ({listed})' if diffs else ''} against {reference}; until it "
+                f"has two, a tie is a difference under {SMALLEST_DIFFERENCE}.\n")
     key = f" (key tokens {', '.join(map(signed, key_diffs))})" if key_floor is not None else ""
     key_within = f" (key tokens \u00b1{key_floor:.3f})" if key_floor is not None else ""
-    return (f"Noise floor: `{run}` ({reference} on another data order, same init) against {reference} at the same "
-            f"seed: {listed}{key} over {len(diffs)} seeds; a difference within the largest, \u00b1{floor:.3f}"
+    return (f"Noise floor: `{floor_run}` ({reference} on another data order, same init) against {reference} at the "
+            f"same seed: {listed}{key} over {len(diffs)} seeds; a difference within the largest, \u00b1{floor:.3f}"
             f"{key_within}, is one two equally good runs also show, and the table counts it as within.\n")
 
 
@@ -528,8 +525,7 @@ def headline_table(rows, runs, reference, floor_run=None):
     differences to it set the noise floor (noise_floor) within which the cells count ties, said under the table."""
     by_name = {row.run: row for row in rows}
     ref = by_name[reference]
-    floors = {metric: noise_floor(rows, reference, floor_run, metric)[0] if floor_run else None
-              for metric in ("val_loss", "key_loss")}
+    floors = {metric: noise_floor(by_name.get(floor_run), ref, metric) for metric in ("val_loss", "key_loss")}
     computed = "flops_training" if knows_training_flops(rows) else "flops_computed"  # older records: the end's
     lines = [f"| run | what it is | seeds | val loss | key-token loss | vs {reference}, same seed | key tokens vs "
              f"{reference} | copy head | attention FLOPs ideal / in training | KV cache | training tokens/s |",
@@ -545,7 +541,8 @@ def headline_table(rows, runs, reference, floor_run=None):
             diffs = paired_differences(row, ref, metric)
             stat = spread(diffs)
             cells.append("reference" if run == reference else "-" if stat is None else
-                         f"{signed(stat[0])} [{signed(stat[1])}, {signed(stat[2])}], {agreement_text(diffs, floors[metric])}")
+                         f"{signed(stat[0])} [{signed(stat[1])}, {signed(stat[2])}], "
+                         f"{agreement_text(diffs, floors[metric][0])}")
         probed = [copy_head_step(r) for r in done if copy_head_step(r) is not None]
         copy = f"{sum(step is not False for step in probed)} of {len(probed)}" if probed else "not probed"
         if probed and len(probed) < len(done):
@@ -556,7 +553,7 @@ def headline_table(rows, runs, reference, floor_run=None):
                      f"{fmt_loss(row.stat('key_loss'))} | {cells[0]} | {cells[1]} | {copy} | "
                      f"{percent(row.mean('flops_ideal'), 0)} / {percent(row.mean(computed), 0)} | "
                      f"{percent(kv and kv[0], 0)} | {'-' if tokens is None else f'{tokens:,.0f}'} |")
-    return "\n".join(lines) + "\n" + (noise_floor_text(rows, reference, floor_run) if floor_run else "")
+    return "\n".join(lines) + "\n" + (noise_floor_text(floor_run, reference, floors) if floor_run else "")
 
 
 def record_table(rows, references, comparisons):
