@@ -38,8 +38,8 @@ from nanoaha.grid.kept import KEPT_DIR, keep_runs, restore_runs, take_results
 from nanoaha.grid.lock import GridLock
 from nanoaha.grid.plan import describe, launches, plan, train_state, window_groups
 from nanoaha.grid.tables import (COPY_HEAD_GAIN, comparison_curves_table, has_key_losses, headline_table,
-                                 history_differences, load_rows, per_layer_table, record_table, rows_of, save_rows,
-                                 summary_record_table)
+                                 history_differences, load_rows, per_layer_table, record_floors, record_table, rows_of,
+                                 save_rows, summary_record_table)
 
 
 @dataclass
@@ -320,7 +320,7 @@ def run_grid(grid, jobs, cfg, argv, taken=None):
         print("interrupted: run the same command again to resume (complete runs are skipped)", file=sys.stderr)
         return 128 + (stopped_by or signal.SIGINT)
     rows = rows_of(jobs, status, taken)
-    table = record_table(rows, grid.references, grid.comparisons)
+    table = record_table(rows, grid.references, grid.comparisons, record_floors(rows, grid.headline))
     record = write_record(grid, jobs, rows, table, cfg, argv, started, time.time() - started, taken)
     print(table)
     print(f"record: {record}")

@@ -146,11 +146,12 @@ def rows_of(jobs, status=None, taken=None):
     return list(rows.values())
 
 
-def best_fixed(rows, references=None):
+def best_fixed(rows, references=None, exclude=None):
     """The fixed-schedule row (no routed layer) with the lowest val loss, compared at equal seeds: by the mean
     same-seed difference to the local reference where it has results (a row with a third seed would otherwise
-    be ranked on another set of seeds), else by the mean. None if no fixed row has a loss."""
-    fixed = [row for row in rows if row.kind == "fixed" and row.stat("val_loss")]
+    be ranked on another set of seeds), else by the mean. None if no fixed row has a loss. exclude: a run that is
+    not a schedule of its own (the noise floor's rerun of the reference)."""
+    fixed = [row for row in rows if row.kind == "fixed" and row.stat("val_loss") and row.run != exclude]
     anchor = {row.run: row for row in rows}.get((references or {}).get("local"))
     versus_anchor = {row.run: spread(paired_differences(row, anchor)) for row in fixed} if anchor else {}
     if versus_anchor and all(versus_anchor.values()):
@@ -203,13 +204,13 @@ def gap_text(row, local_row, dense_row):
     return text + (" (1 seed)" if min(map(len, diffs)) < 2 else "")
 
 
-def versus_best_fixed(row, best):
+def versus_best_fixed(row, best, floors=None):
     """The same-seed difference to the best fixed schedule (paired_text)."""
     if best is None:
         return "no fixed schedule"
     if row.run == best.run:
         return "best fixed"
-    return paired_text(row, best)
+    return paired_text(row, best, floors=floors)
 
 
 def paired_by_seed(row, ref, metric="val_loss"):
@@ -241,9 +242,10 @@ def paired_verdict(diffs, min_seeds=2):
         else "tie"
 
 
-def paired_text(row, ref, metric="val_loss"):
+def paired_text(row, ref, metric="val_loss", floors=None):
     """The same-seed cell: mean [min, max] of the differences, and 'better (worse) on every seed' where two or
-    more all have one sign, else 'tie'."""
+    more all have one sign, else 'tie'; with a noise floor for the metric (floors: {metric: floor}, record_floors),
+    how many seeds are better, worse and within it instead (agreement_text)."""
     if ref is None:
         return "no reference"
     if row.run == ref.run:
@@ -255,6 +257,9 @@ def paired_text(row, ref, metric="val_loss"):
     verdict = paired_verdict(diffs)
     if verdict is None:
         return f"{mean:+.3f} (1 seed)"
+    floor = (floors or {}).get(metric)
+    if floor:
+        return f"{mean:+.3f} [{low:+.3f}, {high:+.3f}], {agreement_text(diffs, floor)}"
     return f"{mean:+.3f} [{low:+.3f}, {high:+.3f}] " + (verdict if verdict == "tie" else f"{verdict} on every seed")
 
 
@@ -267,12 +272,15 @@ def seeds_text(row):
     return f"{len(done)} of {len(row.results)} ({'; '.join(missing)})"
 
 
-def results_table(rows, references):
+def results_table(rows, references, floor=None):
     """table.md: one line per run (mean and [min-max] over its seeds), then what the columns mean. Every
-    comparison between rows is made at equal seeds (a row with a third seed is not compared on it)."""
+    comparison between rows is made at equal seeds (a row with a third seed is not compared on it). floor: the
+    grid's noise floor (record_floors), within which the same-seed columns count seeds as within, not better
+    or worse."""
     by_name = {row.run: row for row in rows}
     local_row, dense_row = (by_name.get(references.get(role)) for role in ("local", "dense"))
-    best = best_fixed(rows, references)
+    best = best_fixed(rows, references, exclude=floor and floor.run)
+    floors = floor.values if floor and floor.values["val_loss"] is not None else None
     beats = dense_beats_local(local_row, dense_row)
     gap_header = "vs local and dense" if beats is False else "gap recovery"
     key = has_key_losses(rows)
@@ -296,11 +304,11 @@ def results_table(rows, references):
             percent(row.mean("flops_ideal"), 0, "missing"), percent(row.mean("flops_computed"), 0, "missing")
             + (f' / {percent(row.mean("flops_training"), 0)}' if in_training else ""), kv_text,
             "missing" if tok is None else f"{tok:,.0f}", "missing" if wall is None else f"{wall / 60:.1f} min",
-            gap_text(row, local_row, dense_row), versus_best_fixed(row, best), paired_text(row, local_row),
-            paired_text(row, dense_row)]
+            gap_text(row, local_row, dense_row), versus_best_fixed(row, best, floors),
+            paired_text(row, local_row, floors=floors), paired_text(row, dense_row, floors=floors)]
         if key:
             cells[4:4] = [fmt_loss(row.stat("key_loss"))]
-            cells += [paired_text(row, local_row, "key_loss"), paired_text(row, dense_row, "key_loss")]
+            cells += [paired_text(row, local_row, "key_loss", floors), paired_text(row, dense_row, "key_loss", floors)]
         lines.append(" | ".join(cells) + " |")
     seed_counts = {len(row.losses()) for row in rows if row.losses()}
     notes = ["", "Val loss: the evaluator's fixed validation windows (evaluate.py), mean over the row's seeds with "
@@ -324,9 +332,11 @@ def results_table(rows, references):
     else:
         notes.append("No local and dense reference rows with results at a common seed: no gap recovery.")
     if best:
-        notes.append(f"Best fixed: {best.run}, the schedule without routed layers with the lowest val loss at "
-                     f"equal seeds (the mean same-seed difference to {local})." if local_row else
-                     f"Best fixed: {best.run}, the schedule without routed layers with the lowest mean val loss.")
+        notes.append((f"Best fixed: {best.run}, the schedule without routed layers with the lowest val loss at "
+                      f"equal seeds (the mean same-seed difference to {local})" if local_row else
+                      f"Best fixed: {best.run}, the schedule without routed layers with the lowest mean val loss")
+                     + (f"; {floor.run}, the noise floor's rerun of {floor.reference}, is not a candidate." if floor
+                        else "."))
     if key:
         fractions = [r.get("key_frac") for row in rows for r in row.results if r.get("key_frac") is not None]
         notes.append("Key-token loss: the val loss on the targets a copy could predict only from beyond the local "
@@ -338,7 +348,7 @@ def results_table(rows, references):
     notes.append("Same seed: val loss minus the reference's at each seed both ran (a seed fixes the backbone init "
                  "and the data order for every row), mean [min, max] over those seeds; better or worse only where "
                  f"every seed differs in the same direction by {SMALLEST_DIFFERENCE:g} or more (prints as "
-                 f"{SMALLEST_DIFFERENCE:.3f} or more), else a tie.")
+                 f"{SMALLEST_DIFFERENCE:.3f} or more), else a tie." if not floors else floor.note())
     incomplete = [row.run for row in rows if not row.complete]
     if incomplete:
         notes.append(f"**Incomplete**: {', '.join(incomplete)} (a seed failed or has not run); their numbers are over "
@@ -346,29 +356,32 @@ def results_table(rows, references):
     return "\n".join(lines + notes) + "\n"
 
 
-def comparison_cell(by_name, run, other, absent):
-    """run's val loss minus other's at the same seed (paired_text); absent where the grid lacks either."""
-    return paired_text(by_name[run], by_name[other]) if run in by_name and other in by_name else absent
+def comparison_cell(by_name, run, other, absent, metric="val_loss", floors=None):
+    """run's val loss (or metric) minus other's at the same seed (paired_text); absent where the grid lacks
+    either."""
+    return paired_text(by_name[run], by_name[other], metric, floors) if run in by_name and other in by_name \
+        else absent
 
 
-def comparisons_table(rows, comparisons):
-    """The comparisons table: per question, the first run's val loss minus the other's at the same seed.
-    '' without comparisons."""
+def comparisons_table(rows, comparisons, floor=None):
+    """The comparisons table: per question, the first run's val loss minus the other's at the same seed, counted
+    against the noise floor where the grid has one (record_floors). '' without comparisons."""
     if not comparisons:
         return ""
     by_name = {row.run: row for row in rows}
+    floors = floor.values if floor and floor.values["val_loss"] is not None else None
     if not has_key_losses(rows):
         lines = ["| question | runs | val loss difference, same seed |", "|---|---|---|"]
         for question, (run, other) in comparisons.items():
-            lines.append(f"| {question} | {run} - {other} | {comparison_cell(by_name, run, other, 'missing')} |")
+            lines.append(f"| {question} | {run} - {other} | "
+                         f"{comparison_cell(by_name, run, other, 'missing', floors=floors)} |")
         return "\n".join(lines) + "\n"
     lines = ["| question | runs | val loss difference, same seed | key-token loss difference, same seed |",
              "|---|---|---|---|"]
     for question, (run, other) in comparisons.items():
-        key_cell = paired_text(by_name[run], by_name[other], "key_loss") \
-            if run in by_name and other in by_name else "missing"
-        lines.append(f"| {question} | {run} - {other} | {comparison_cell(by_name, run, other, 'missing')} | "
-                     f"{key_cell} |")
+        lines.append(f"| {question} | {run} - {other} | "
+                     f"{comparison_cell(by_name, run, other, 'missing', floors=floors)} | "
+                     f"{comparison_cell(by_name, run, other, 'missing', 'key_loss', floors)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -500,6 +513,37 @@ def noise_floor(floor_row, ref, metric="val_loss"):
     return (max(abs(d) for d in diffs) if len(diffs) >= 2 else None), diffs
 
 
+@dataclasses.dataclass
+class NoiseFloor:
+    """A grid's noise floor as its record's tables apply it: the run that is the reference on another data
+    order, the reference, and the floor per metric (noise_floor; None where the floor row lacks two seeds)."""
+    run: str
+    reference: str
+    values: dict
+
+    def note(self):
+        key = self.values.get("key_loss")
+        return (f"Same seed: val loss minus the reference's at each seed both ran (a seed fixes the backbone init "
+                f"and the data order for every row), mean [min, max] over those seeds, and on how many seeds the "
+                f"difference is better, worse or within the noise floor: \u00b1{self.values['val_loss']:.3f}"
+                + (f" (key tokens \u00b1{key:.3f})" if key else "") +
+                f", the largest same-seed difference of `{self.run}` ({self.reference} on another data order, same "
+                f"init) to {self.reference}, a difference two equally good runs also show.")
+
+
+def record_floors(rows, headline):
+    """The grid's noise floor for its record's tables (NoiseFloor), from the headline's noise_floor run against
+    its reference; None where the grid names none. Its values are None where the floor row has fewer than two
+    seeds: the tables then call a tie a difference under SMALLEST_DIFFERENCE."""
+    floor_run = (headline or {}).get("noise_floor")
+    by_name = {row.run: row for row in rows}
+    if not floor_run or floor_run not in by_name or headline["reference"] not in by_name:
+        return None
+    values = {metric: noise_floor(by_name[floor_run], by_name[headline["reference"]], metric)[0]
+              for metric in ("val_loss", "key_loss")}
+    return NoiseFloor(floor_run, headline["reference"], values)
+
+
 def noise_floor_text(floor_run, reference, floors):
     """The line under a headline table that says its noise floor. floors: {metric: noise_floor's (floor,
     differences)} for val_loss and key_loss."""
@@ -556,12 +600,16 @@ def headline_table(rows, runs, reference, floor_run=None):
     return "\n".join(lines) + "\n" + (noise_floor_text(floor_run, reference, floors) if floor_run else "")
 
 
-def record_table(rows, references, comparisons):
-    """A record's table.md: results_table, then the grid's comparisons table where it asks any."""
-    table = results_table(rows, references)
+def record_table(rows, references, comparisons, floor=None):
+    """A record's table.md: results_table, then the grid's comparisons table where it asks any; floor: the grid's
+    noise floor (record_floors), which both count same-seed differences against."""
+    table = results_table(rows, references, floor)
     if comparisons:
-        table += "\nComparisons (the grid file's): val loss of the first run minus the other's at the same seed.\n\n" \
-            + comparisons_table(rows, comparisons)
+        counted = floor and floor.values["val_loss"] is not None
+        table += "\nComparisons (the grid file's): val loss of the first run minus the other's at the same seed" \
+            + (f", counted against the noise floor (\u00b1{floor.values['val_loss']:.3f}" +
+               (f", key tokens \u00b1{floor.values['key_loss']:.3f}" if floor.values.get("key_loss") else "") + ")"
+               if counted else "") + ".\n\n" + comparisons_table(rows, comparisons, floor)
     return table
 
 

@@ -756,3 +756,29 @@ def test_head_scores_plot_every_heads_previous_token_score_and_the_non_local_lay
     assert axes[4].get_ylabel() == "global share" and len(axes) == 6
     data = (tmp_path / "heads.png").read_bytes()
     assert data.startswith(b"\x89PNG") and 5_000 < len(data) < 150_000
+
+
+def test_a_records_tables_count_same_seed_differences_against_the_grids_noise_floor():
+    """With the headline's noise floor, the record's same-seed columns and comparisons say on how many seeds a
+    row is better, worse or within it (not 'tie' unless every seed agrees); the floor's rerun of the reference
+    is no candidate for best fixed; with one seed of the floor row, ties are differences under 0.0005 again."""
+    from nanoaha.grid.tables import record_floors, record_table
+    ref = Row("LG", "fixed", "LG", [1, 2, 3], [result(1, 2.0), result(2, 2.1), result(3, 2.2)])
+    again = Row("LG_again", "fixed", "LG", [1, 2, 3], [result(1, 1.99), result(2, 2.08), result(3, 2.2)])
+    routed = Row("routed", "routed", "RR", [1, 2, 3], [result(1, 1.95), result(2, 2.115), result(3, 2.3)])
+    local = Row("local", "fixed", "LL", [1, 2, 3], [result(1, 2.5), result(2, 2.6), result(3, 2.7)])
+    rows, refs = [local, ref, again, routed], {"local": "local", "dense": "LG"}
+    headline = {"reference": "LG", "runs": {"routed": "r"}, "noise_floor": "LG_again"}
+    floor = record_floors(rows, headline)
+    assert floor.run == "LG_again" and floor.values["val_loss"] == pytest.approx(0.02)
+    table = record_table(rows, refs, {"routed vs LG": ("routed", "LG")}, floor)
+    cells = table_cells(table)
+    assert cells["routed vs LG"][2] == "+0.022 [-0.050, +0.100], better on 1, worse on 1, within \u00b10.020 on 1 of 3"
+    assert cells["routed"][-3].endswith("within \u00b10.020 on 1 of 3")  # vs best fixed: LG, not its rerun
+    assert "not a candidate" in table and "within the noise floor: \u00b10.020" in table
+    assert record_floors(rows, {"reference": "LG", "runs": {}}) is None
+    one_seed = Row("LG_again", "fixed", "LG", [1, 2, 3], [result(1, 1.99), result(2, None), result(3, None)])
+    floor = record_floors([local, ref, one_seed, routed], headline)
+    assert floor.values["val_loss"] is None
+    cells = table_cells(record_table([local, ref, one_seed, routed], refs, {"routed vs LG": ("routed", "LG")}, floor))
+    assert cells["routed vs LG"][2] == "+0.022 [-0.050, +0.100] tie"
