@@ -93,6 +93,13 @@ runs = {
                                           "router_commit_by_iter": 1000, "seeds": _five},
     "routed_head_budget_one_head_commit": {"schedule": "R", "router_per_token": False, "router_global_heads": 1,
                                            "router_lambda": 0.0, "router_commit_after": 250, "seeds": _five},
+    # ... and an early deadline: that row's budget had its head in the second layer by step 250 on its seeds, the
+    # one it ended with, so every head commits by step 200 (streaks of 100 steps, counted from step 0: no penalty
+    # to ramp), and the run computes both paths for 200 of its 5000 steps: its training cost near its layout's
+    "routed_head_budget_one_head_early_deadline": {"schedule": "R", "router_per_token": False,
+                                                   "router_global_heads": 1, "router_lambda": 0.0,
+                                                   "router_lambda_ramp": 0, "router_commit_after": 100,
+                                                   "router_commit_by_iter": 200, "seeds": [1, 2]},
     # ... and trained in 'sampled' mode: 1 of each batch's 4 sequences computes both paths (the routers' gradient),
     # the others only what their heads decided, so the steps before the heads commit cost less
     "routed_head_budget_one_head_commit_sampled": {"schedule": "R", "router_per_token": False,
@@ -182,6 +189,10 @@ comparisons = {
         ("routed_head_budget_one_head", "LR_one_global_head"),
     "at one head's cost, a budget of one head whose heads commit vs one fixed global head":
         ("routed_head_budget_one_head_commit", "LR_one_global_head"),
+    "at one head's cost, a budget of one head committed by step 200 vs one fixed global head":
+        ("routed_head_budget_one_head_early_deadline", "LR_one_global_head"),
+    "a budget of one head: committed by step 200 vs when its heads held 250 steps":
+        ("routed_head_budget_one_head_early_deadline", "routed_head_budget_one_head_commit"),
     "a budget of one head: heads that commit vs not": ("routed_head_budget_one_head_commit",
                                                        "routed_head_budget_one_head"),
     "a budget of one head whose heads commit: sampled vs exact mode": ("routed_head_budget_one_head_commit_sampled",
