@@ -93,8 +93,8 @@ runs = {
                                           "router_commit_by_iter": 1000, "seeds": _five},
     "routed_head_budget_one_head_commit": {"schedule": "R", "router_per_token": False, "router_global_heads": 1,
                                            "router_lambda": 0.0, "router_commit_after": 250, "seeds": _five},
-    # ... and an early deadline: that row's budget had its head in the second layer by step 250 on its seeds, the
-    # one it ended with, so every head commits by step 200 (streaks of 100 steps, counted from step 0: no penalty
+    # ... and an early deadline: that row's budget had its head in the second layer at step 250, the head it ended
+    # with, on the 4 of its 5 seeds whose step-250 decisions are recorded, so every head commits by step 200 (streaks of 100 steps, counted from step 0: no penalty
     # to ramp), and the run computes both paths for 200 of its 5000 steps: its training cost near its layout's
     "routed_head_budget_one_head_early_deadline": {"schedule": "R", "router_per_token": False,
                                                    "router_global_heads": 1, "router_lambda": 0.0,
