@@ -223,6 +223,8 @@ headline = {"reference": "LG", "runs": {
     "routed_head_budget_one_head": "learned per-head routing, a budget of one head: the head of highest router "
                                    "bias is global (no penalty)",
     "routed_head_budget_one_head_commit": "the same, and heads whose decisions held 250 steps commit to their path",
+    "routed_head_budget_one_head_early_deadline": "the same, heads committing after 100 held steps, every head by "
+                                                  "step 200",
     "routed_head_budget_at_LG_deadline": "learned per-head routing, a budget of 4 heads (LG's cost); heads commit "
                                          "when held 250 steps, or by step 1000",
     "routed_head_budget_tokens_at_LG": "learned per-token routing inside a budget of 4 heads (per-head decisions "
