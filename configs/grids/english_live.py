@@ -15,7 +15,8 @@ results/2026-12-03_stdlib_curves). Key tokens are labelled beyond a window of 32
     python data/english_docs/prepare.py
     python compare.py configs/grids/english_live.py [--from_record=results/<date>_english_live]
 
-Budget: 9 rows x 2 seeds, 35-55 minutes a run two at a time on the 2-core CPU (about 6.5 hours).
+Budget: 10 rows x 2 seeds, 35-55 minutes a run two at a time on the 2-core CPU (20-25 for the budget committed
+by step 200; about 7 hours).
 """
 base = ["configs/quickstart.py"]
 common = {"data_dir": "data/english_docs", "n_layer": 2, "n_embd": 256, "max_iters": 5000, "warmup_iters": 100,
@@ -30,9 +31,14 @@ runs = {
     "routed_at_LG": {"schedule": "R", "router_target_global": 0.5},
     "routed_per_head_at_LG": {"schedule": "R", "router_per_token": False, "router_target_global": 0.5},
     # the routing issue's mechanisms (docs/training.md, "Which routing mechanism to use"): a budget of one head with
-    # commits, and of 4 heads (LG's cost) committed by a deadline
+    # commits, the same committed by step 200 (the recommended one on the stdlib), and of 4 heads (LG's cost)
+    # committed by a deadline
     "routed_head_budget_one_head_commit": {"schedule": "R", "router_per_token": False, "router_global_heads": 1,
                                            "router_lambda": 0.0, "router_commit_after": 250},
+    "routed_head_budget_one_head_early_deadline": {"schedule": "R", "router_per_token": False,
+                                                   "router_global_heads": 1, "router_lambda": 0.0,
+                                                   "router_lambda_ramp": 0, "router_commit_after": 100,
+                                                   "router_commit_by_iter": 200},
     "routed_head_budget_at_LG_deadline": {"schedule": "R", "router_per_token": False, "router_global_heads": 4,
                                           "router_lambda": 0.0, "router_commit_after": 250,
                                           "router_commit_by_iter": 1000},
@@ -47,6 +53,8 @@ comparisons = {
     "at LG's cost, per-head vs per-token routers": ("routed_per_head_at_LG", "routed_at_LG"),
     "a budget of one head with commits vs the fixed global head": ("routed_head_budget_one_head_commit",
                                                                    "LR_one_global_head"),
+    "a budget of one head committed by step 200 vs the fixed global head": (
+        "routed_head_budget_one_head_early_deadline", "LR_one_global_head"),
     "at LG's cost, a budget of 4 heads committed by step 1000 vs LG": ("routed_head_budget_at_LG_deadline", "LG"),
 }
 headline = {"reference": "LG", "runs": {
@@ -58,6 +66,7 @@ headline = {"reference": "LG", "runs": {
     "routed_at_LG": "learned per-token routing, every layer, at LG's cost",
     "routed_per_head_at_LG": "learned per-head routing at LG's cost",
     "routed_head_budget_one_head_commit": "learned per-head routing, a budget of one head, heads commit",
+    "routed_head_budget_one_head_early_deadline": "the same, every head committed by step 200",
     "routed_head_budget_at_LG_deadline": "learned per-head routing, a budget of 4 heads, committed by step 1000",
 }}
 evaluate = {"eval_tokens": 65536, "key_window": 32}
