@@ -280,7 +280,7 @@ def results_table(rows, references, floor=None):
     by_name = {row.run: row for row in rows}
     local_row, dense_row = (by_name.get(references.get(role)) for role in ("local", "dense"))
     best = best_fixed(rows, references, exclude=floor and floor.run)
-    floors = floor.values if floor and floor.values["val_loss"] is not None else None
+    floors = floor and floor.counted
     beats = dense_beats_local(local_row, dense_row)
     gap_header = "vs local and dense" if beats is False else "gap recovery"
     key = has_key_losses(rows)
@@ -369,7 +369,7 @@ def comparisons_table(rows, comparisons, floor=None):
     if not comparisons:
         return ""
     by_name = {row.run: row for row in rows}
-    floors = floor.values if floor and floor.values["val_loss"] is not None else None
+    floors = floor and floor.counted
     if not has_key_losses(rows):
         lines = ["| question | runs | val loss difference, same seed |", "|---|---|---|"]
         for question, (run, other) in comparisons.items():
@@ -521,6 +521,11 @@ class NoiseFloor:
     reference: str
     values: dict
 
+    @property
+    def counted(self):
+        """{metric: floor} for the tables to count against (paired_text), None until the floor row has two seeds."""
+        return self.values if self.values["val_loss"] is not None else None
+
     def note(self):
         key = self.values.get("key_loss")
         return (f"Same seed: val loss minus the reference's at each seed both ran (a seed fixes the backbone init "
@@ -605,11 +610,11 @@ def record_table(rows, references, comparisons, floor=None):
     noise floor (record_floors), which both count same-seed differences against."""
     table = results_table(rows, references, floor)
     if comparisons:
-        counted = floor and floor.values["val_loss"] is not None
+        floors = floor and floor.counted
+        against = "" if not floors else f", counted against the noise floor (\u00b1{floors['val_loss']:.3f}" + (
+            f", key tokens \u00b1{floors['key_loss']:.3f}" if floors.get("key_loss") else "") + ")"
         table += "\nComparisons (the grid file's): val loss of the first run minus the other's at the same seed" \
-            + (f", counted against the noise floor (\u00b1{floor.values['val_loss']:.3f}" +
-               (f", key tokens \u00b1{floor.values['key_loss']:.3f}" if floor.values.get("key_loss") else "") + ")"
-               if counted else "") + ".\n\n" + comparisons_table(rows, comparisons, floor)
+            f"{against}.\n\n" + comparisons_table(rows, comparisons, floor)
     return table
 
 
