@@ -204,6 +204,8 @@ def resume(run):
     run.key_history, run.head_history = ckpt["key_history"], ckpt["head_history"]
     run.copy_history, run.decision_history = ckpt["copy_history"], ckpt["decision_history"]
     run.commit_history = ckpt["commit_history"]
+    # a signal before the resumed run's first evaluation still writes the summary at the step it stopped
+    run.last_eval = ckpt["last_eval"]
     if run.committer is not None and ckpt["commit_streak"] is not None:
         run.committer.streak = ckpt["commit_streak"]
     if run.committer is not None and run.committer.recent is not None and ckpt["commit_recent"] is not None:
@@ -555,7 +557,7 @@ def checkpoint_state(run):
             "decision_history": run.decision_history, "commit_history": run.commit_history,
             "commit_streak": run.committer.streak if run.committer is not None else None,
             "commit_recent": run.committer.recent if run.committer is not None else None,
-            "train_wall_s": train_wall(run), "attention_flop_sums": run.flop_sums,
+            "train_wall_s": train_wall(run), "attention_flop_sums": run.flop_sums, "last_eval": run.last_eval,
             "router_lambda_state": run.controller.u if run.controller is not None else None,
             "data_meta": run.data.meta,
             "rng": {"torch": gathered(run, torch.get_rng_state()), "cuda": gathered(run, cuda),

@@ -60,6 +60,13 @@ def checkpoint_4(ckpt):
     return ckpt
 
 
+def checkpoint_5(ckpt):
+    """last_eval (2026-12-07): the latest evaluation's losses and routing, for the summary a resumed run writes
+    before its own first evaluation; unknown before (that summary then waits for the next evaluation)."""
+    ckpt.setdefault("last_eval", {})
+    return ckpt
+
+
 def evaluation_0(result):
     """key_window (2026-12-04) was evaluated at its default, 0; data_dir was recorded absolute (a corpus in some
     checkout's data/ folder reads as that path relative to this one's root, so a record matches elsewhere)."""
@@ -114,7 +121,8 @@ def rows_1(saved):
     return saved
 
 
-MIGRATIONS = {"checkpoint": [checkpoint_0, checkpoint_1, checkpoint_2, checkpoint_3, checkpoint_4],
+MIGRATIONS = {"checkpoint": [checkpoint_0, checkpoint_1, checkpoint_2, checkpoint_3, checkpoint_4,
+                              checkpoint_5],
               "evaluation": [evaluation_0],
               "train_summary": [train_summary_0, train_summary_1, train_summary_2, train_summary_3],
               "rows": [rows_0, rows_1]}

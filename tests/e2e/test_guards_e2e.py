@@ -181,6 +181,25 @@ def test_sigterm_saves_the_current_step_and_resuming_continues_exactly(tmp_path,
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_a_resumed_run_stopped_before_its_first_evaluation_says_where_it_stopped(tmp_path, tiny_corpus):
+    """The resumed run had no evaluation of its own, so its signal wrote no summary: the grid's dry run said
+    "will resume from step 400" of a run saved at step 461."""
+    common = [f"--data_dir={tiny_corpus}", *TINY, "--lr_decay_iters=1000", "--eval_interval=1000",
+              "--log_interval=1", "--progress_bar=False", "--max_iters=100000", f"--out_dir={tmp_path}"]
+    steps = []
+    for extra in ([], ["--init_from=resume"]):
+        after = steps[-1] + 3 if steps else 3
+        with Script("train.py", "configs/quickstart.py", *common, *extra) as proc:
+            proc.wait_for(f"iter {after}:")
+            proc.send_signal(signal.SIGTERM)
+            returncode, _, err = proc.finish()
+        assert returncode == 128 + signal.SIGTERM, err
+        steps.append(checkpoint.load_checkpoint(str(tmp_path), "cpu")["iter_num"])
+        summary = json.load(open(tmp_path / "train_summary.json"))
+        assert summary["iter_num"] == steps[-1] and summary["val_history"][0][0] == 0, (steps, summary["iter_num"])
+    assert steps[1] >= steps[0] + 3
+
+
 def test_sigint_saves_and_exits_with_130(tmp_path, tiny_corpus):
     with Script("train.py", "configs/quickstart.py", f"--data_dir={tiny_corpus}", *TINY, "--max_iters=100000",
                 "--log_interval=1", f"--out_dir={tmp_path}", "--progress_bar=False") as proc:
