@@ -1,11 +1,12 @@
 """Checkpoints: written atomically, read with clear errors, loaded into a model with a shape check, and a model
 built from one. train.py, sample.py, evaluate.py and prune.py all go through here.
 
-A checkpoint is a dict: model (state dict), optimizer, model_config, train_config, dtype (the precision it
-trained in), iter_num, best_val_loss, val/key/head/copy/decision_history (every evaluation's), commit_history,
-commit_streak and commit_recent (router_commit_after, router_commit_by_iter), train_wall_s (seconds of training behind it, summed over the processes
-that trained it), attention_flop_sums (ideal and computed attention FLOPs summed over the logged steps, and
-their count), last_eval (the latest evaluation's losses and routing), router_lambda_state, data_meta (the corpus' meta.json) and rng (every RNG state, for exact resume). A run folder
+A checkpoint is a dict: model (state dict), optimizer, model_config, train_config, dtype (the precision it trained
+in), iter_num, best_val_loss, val/key/head/copy/decision_history (every evaluation's), commit_history,
+commit_streak and commit_recent (router_commit_after, router_commit_by_iter), train_wall_s (seconds of training
+behind it, summed over the processes that trained it), attention_flop_sums (ideal and computed attention FLOPs
+summed over the logged steps, and their count), last_eval (the latest evaluation's losses and routing),
+router_lambda_state, data_meta (the corpus' meta.json) and rng (every RNG state, for exact resume). A run folder
 holds the latest (ckpt.pt) and the one with the best val loss (ckpt_best.pt). Its format version and the
 migrations of older ones: nanoaha/formats.py.
 """
