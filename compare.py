@@ -37,9 +37,9 @@ from nanoaha.grid.gridfile import GridError, load_grid
 from nanoaha.grid.kept import KEPT_DIR, keep_runs, restore_runs, take_results
 from nanoaha.grid.lock import GridLock
 from nanoaha.grid.plan import describe, launches, plan, train_state, window_groups
-from nanoaha.grid.tables import (COPY_HEAD_GAIN, comparison_curves_table, has_key_losses, headline_table,
-                                 history_differences, load_rows, per_layer_table, record_floors, record_table, rows_of,
-                                 save_rows, summary_record_table)
+from nanoaha.grid.tables import (COPY_HEAD_GAIN, comparison_curves_table, copy_head_table, has_key_losses,
+                                 headline_table, history_differences, load_rows, per_layer_table, record_floors,
+                                 record_table, rows_of, save_rows, summary_record_table)
 
 
 @dataclass
@@ -163,6 +163,16 @@ def per_layer_lines(rows):
             table] if table else []
 
 
+def copy_head_lines(rows):
+    """The README's section on where the copy heads sit (tables.copy_head_table); [] where no run has it."""
+    table = copy_head_table(rows)
+    return ["## Where the copy head sits", "",
+            "train.py's repeat probe at each run's last evaluation (a val span read twice; "
+            "[evaluation.md](../../docs/evaluation.md#the-repeat-probe-copying-from-beyond-the-window)): the head that reads most from the token after the earlier "
+            f"copy (induction score), and how strongly a head of each layer below attends to the previous token; a "
+            f"copy head: copy gain {COPY_HEAD_GAIN} nats or more.", "", table] if table else []
+
+
 def headline_lines(grid, rows):
     """The record's first table, where the grid file names its headline rows."""
     if not grid.headline:
@@ -226,7 +236,7 @@ def write_record(grid, jobs, rows, table, cfg, argv, started, elapsed, taken=Non
              f"ckpt.pt, train_summary.json, eval.json).", "",
              "## Budget", "", *budget_lines(grid, jobs, cfg, started, elapsed, taken), "",
              *headline_lines(grid, rows),
-             "## Results", "", "[table.md](table.md):", "", table, "", *per_layer_lines(rows),
+             "## Results", "", "[table.md](table.md):", "", table, "", *per_layer_lines(rows), *copy_head_lines(rows),
              *along, "## Plots", "",
              "![val loss against attention FLOPs](pareto.png)", "",
              *(["![key-token loss against attention FLOPs](pareto_key_tokens.png)", ""] if has_key_losses(rows)

@@ -493,6 +493,36 @@ def copy_head_step(result):
     return next(step for step, gain, *_ in history if gain >= COPY_HEAD_GAIN)
 
 
+def copy_head_table(rows):
+    """Where each run's copy head sits, per seed, from train.py's repeat probe at its last evaluation: the head of
+    highest induction score (layer.head, counted from 0 as in the heatmaps) and, in each layer below it, the highest
+    previous-token score (a copy head reads what a previous-token head below it wrote; Olsson et al., 2022), with
+    the copy gain. '' where no run kept the probe's head scores (runs trained before it kept them)."""
+    lines = []
+    for row in rows:
+        for result in row.results:
+            history = result.get("copy_history") or []
+            if not result["complete"] or not history or len(history[-1]) < 4 or not history[-1][3]:
+                continue
+            _, gain, _, heads = history[-1][:4]
+            induction, previous = heads["induction"], heads["previous"]
+            layer, head = max(((i, j) for i, layer_scores in enumerate(induction) for j in range(len(layer_scores))),
+                              key=lambda ij: induction[ij[0]][ij[1]])
+            if induction[layer][head] <= 0:  # local layers have no induction score: nothing reads beyond its window
+                strongest, below = "-", "-"
+            else:
+                strongest = f"{layer}.{head}: {induction[layer][head]:.2f}"
+                below = ", ".join(f"{i}.{previous[i].index(max(previous[i]))}: {max(previous[i]):.2f}"
+                                  for i in range(layer)) or "-"
+            lines.append(f"| {row.run} | {row.layers} | {result['seed']} | {gain:+.2f}"
+                         f"{' (a copy head)' if gain >= COPY_HEAD_GAIN else ''} | {strongest} | {below} |")
+    if not lines:
+        return ""
+    return "\n".join(["| run | layers | seed | copy gain | strongest induction head (layer.head: score) | "
+                      "strongest previous-token head of each layer below |", "|---|---|---|---|---|---|",
+                      *lines]) + "\n"
+
+
 def agreement_text(diffs, floor=None):
     """How many same-seed differences say better, worse or tie (within SMALLEST_DIFFERENCE), e.g. 'worse on 3 of
     3', 'better on 1, worse on 2 of 3'; with a noise floor, the differences within +-floor are counted as such

@@ -584,6 +584,25 @@ def test_the_per_layer_table_says_where_routing_spends_global_attention_and_what
     assert per_layer_table(rows[1:]) == ""
 
 
+def test_the_copy_head_table_names_the_strongest_induction_head_and_the_previous_token_heads_below_it():
+    """From the repeat probe's last entry per seed: the head of highest induction score, and in each layer below
+    it the strongest previous-token head; a local row (no induction scores) and an unprobed run get none."""
+    heads = {"previous": [[0.1, 0.6, 0.2, 0.0], [0.05, 0.3, 0.7, 0.1], [0.0, 0.1, 0.2, 0.3], [0.1, 0.1, 0.1, 0.1]],
+             "induction": [[0.0] * 4, [0.0] * 4, [0.0] * 4, [0.01, 0.02, 0.12, 0.03]]}
+    early = {"previous": heads["previous"], "induction": [[0.0] * 4, [0.0] * 4, [0.0] * 4, [0.5, 0.0, 0.0, 0.0]]}
+    local = {"previous": heads["previous"], "induction": [[0.0] * 4] * 4}
+    rows = [Row("LLLG", "fixed", "LLLG", [1, 2], [result(1, 2.0, copy_history=[[250, 0.0, [0.0], early],
+                                                                                 [500, 0.2, [0.12], heads]]),
+                                                   result(2, 2.0, copy_history=[[500, 0.05, [0.0]]])]),  # no scores
+            Row("local", "fixed", "LLLL", [1], [result(1, 2.0, copy_history=[[500, 0.01, [0.0], local]])])]
+    table = tables.copy_head_table(rows)
+    assert len(table.splitlines()) == 4  # header, rule, one line per probed seed
+    cells = table_cells(table)
+    assert cells["LLLG"] == ["LLLG", "LLLG", "1", "+0.20 (a copy head)", "3.2: 0.12", "0.1: 0.60, 1.2: 0.70, 2.3: 0.30"]
+    assert cells["local"] == ["local", "LLLL", "1", "+0.01", "-", "-"]
+    assert tables.copy_head_table([]) == ""
+
+
 @pytest.mark.parametrize("path", sorted(p for p in os.listdir(os.path.join(ROOT, "configs", "grids"))
                                         if p.endswith(".py") and not p.startswith("_")))  # _*: shared rows
 def test_every_shipped_grid_file_loads_and_plans(path, tmp_path):
