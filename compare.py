@@ -82,8 +82,9 @@ def budget_lines(grid, jobs, cfg, started, elapsed, taken=None):
             f"- Process time: training {wall['train'] / 3600:.2f} h, evaluation {wall['evaluate'] / 3600:.2f} h "
             f"(summed over every process the runner started for these runs, earlier invocations included); "
             + (f"this invocation: {launched} processes, {elapsed / 3600:.2f} h wall with --jobs={cfg.jobs} --threads={cfg.threads}." if launched
-               else "this invocation started no process (every run was complete and evaluated): the record is drawn "
-                    "from the runs' files."),
+               else "this invocation started no process (" + ("--partial: the finished runs, the others named below"
+                                                               if cfg.partial else "every run was complete and evaluated")
+               + "): the record is drawn from the runs' files."),
             *([f"- {len(taken)} training(s) came as numbers from an earlier record's rows.json (their run folders "
                f"are gone; trained and evaluated with this grid's settings): {', '.join(sorted(j.label for j in jobs if j.key in taken))}"
                f" from {', '.join(sources)}; their process time is not counted above."] if taken else []),

@@ -281,3 +281,5 @@ def test_a_partial_record_holds_the_finished_runs_and_names_the_others_without_t
     assert "0 of 1 (seed 1 not finished (not started))" in table
     assert "0 of 1 (seed 1 not finished (stopped short of its steps" in table and "**Incomplete**" in table
     assert table_cells(table)["local"][0] == "local"
+    readme = open(os.path.join(records, record, "README.md")).read()  # not "every run was complete"
+    assert "this invocation started no process (--partial: the finished runs, the others named below)" in readme
