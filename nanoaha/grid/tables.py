@@ -515,7 +515,7 @@ def copy_head_table(rows):
                 below = ", ".join(f"{i}.{previous[i].index(max(previous[i]))}: {max(previous[i]):.2f}"
                                   for i in range(layer)) or "-"
             lines.append(f"| {row.run} | {row.layers} | {result['seed']} | {gain:+.2f}"
-                         f"{' (a copy head)' if gain >= COPY_HEAD_GAIN else ''} | {strongest} | {below} |")
+                         f"{' (a copy head)' if copy_head_step(result) is not False else ''} | {strongest} | {below} |")
     if not lines:
         return ""
     return "\n".join(["| run | layers | seed | copy gain | strongest induction head (layer.head: score) | "
