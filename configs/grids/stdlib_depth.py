@@ -15,7 +15,7 @@ one head's cost at 1 of 16; LGLG costs half.
     python data/python_stdlib/prepare.py
     python compare.py configs/grids/stdlib_depth.py [--from_record=results/<date>_stdlib_depth]
 
-Budget: 10 rows x 3 seeds, 25-45 minutes a run two at a time on the 2-core CPU (about 9 hours, over sessions:
+Budget: 11 rows x 3 seeds, 25-45 minutes a run two at a time on the 2-core CPU (about 10 hours, over sessions:
 docs/grids.md, "A grid over several sessions"). 4 x 128 rather than 4 x 256: at T = 1024 attention dominates a
 step, so a run of 4 x 128 costs about what the 2-layer grid's 2 x 256 does (the shape ladder measured 11.7K
 against 9.5K tokens/s for local, 6.2K against 6.0K for dense: results/2026-12-02_stdlib_shape_ladder), where
@@ -27,6 +27,8 @@ common = {"n_layer": 4, "n_embd": 128, "max_iters": 5000, "warmup_iters": 100, "
 seeds = [1, 2, 3]
 runs = {
     "LLLG": {"schedule": "LLLG"},
+    # the noise floor at depth: LLLG from the same init on another data order
+    "LLLG_other_data": {"schedule": "LLLG", "data_order": 1},
     "local": {"schedule": "L"},
     "dense": {"schedule": "G"},
     "LGLL": {"schedule": "LGLL"},
@@ -50,6 +52,7 @@ comparisons = {
     "dense vs local": ("dense", "local"),
     "LLLG vs local": ("LLLG", "local"),
     "LLLG vs dense": ("LLLG", "dense"),
+    "the noise floor: LLLG on another data order vs LLLG, same init": ("LLLG_other_data", "LLLG"),
     "where the global layer goes: LGLL vs LLLG": ("LGLL", "LLLG"),
     "two global layers interleaved vs one last: LGLG vs LLLG": ("LGLG", "LLLG"),
     "one fixed global head vs LLLG": ("LLLR_one_global_head", "LLLG"),
@@ -60,4 +63,18 @@ comparisons = {
     "a budget of one head committed by step 200 vs the fixed global head": (
         "routed_head_budget_one_head_early_deadline", "LLLR_one_global_head"),
 }
+headline = {"reference": "LLLG", "noise_floor": "LLLG_other_data", "runs": {
+    "dense": "dense attention in all 4 layers",
+    "local": "window 32 in all 4 layers",
+    "LLLG": "three local layers, dense last",
+    "LLLG_other_data": "LLLG again on another data order, same init (the noise floor)",
+    "LGLL": "the dense layer second",
+    "LGLG": "local and dense interleaved (half of dense's cost)",
+    "LLLR_one_global_head": "three local layers; one always-global head in the last",
+    "routed_at_LLLG": "learned per-token routing, every layer, at LLLG's cost (a quarter of the decisions global)",
+    "routed_per_head_at_LLLG": "learned per-head routing at LLLG's cost",
+    "routed_head_budget_at_LLLG_deadline": "learned per-head routing, a budget of 4 heads, committed by step 1000",
+    "routed_head_budget_one_head_early_deadline": "learned per-head routing, a budget of one head, every head "
+                                                  "committed by step 200",
+}}
 evaluate = {"eval_tokens": 65536, "key_window": 32}
