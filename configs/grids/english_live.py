@@ -15,8 +15,8 @@ results/2026-12-03_stdlib_curves). Key tokens are labelled beyond a window of 32
     python data/english_docs/prepare.py
     python compare.py configs/grids/english_live.py [--from_record=results/<date>_english_live]
 
-Budget: 10 rows x 2 seeds, 35-55 minutes a run two at a time on the 2-core CPU (20-25 for the budget committed
-by step 200; about 7 hours).
+Budget: 11 rows x 2 seeds, 35-55 minutes a run two at a time on the 2-core CPU (20-25 for the budget committed
+by step 200; about 8 hours).
 """
 base = ["configs/quickstart.py"]
 common = {"data_dir": "data/english_docs", "n_layer": 2, "n_embd": 256, "max_iters": 5000, "warmup_iters": 100,
@@ -26,6 +26,8 @@ runs = {
     "dense": {"schedule": "G"},
     "local": {"schedule": "L"},
     "LG": {"schedule": "LG"},
+    # the noise floor on this corpus: LG from the same init on another data order
+    "LG_other_data": {"schedule": "LG", "data_order": 1},
     "GL": {"schedule": "GL"},
     "LR_one_global_head": {"schedule": "LR", "routing": "random", "random_global_q": [0.0, [1.0, 0.0, 0.0, 0.0]]},
     "routed_at_LG": {"schedule": "R", "router_target_global": 0.5},
@@ -47,6 +49,7 @@ comparisons = {
     "dense vs local": ("dense", "local"),
     "LG vs local": ("LG", "local"),
     "LG vs dense": ("LG", "dense"),
+    "the noise floor: LG on another data order vs LG, same init": ("LG_other_data", "LG"),
     "local first layer: LG vs GL": ("LG", "GL"),
     "one fixed global head vs LG": ("LR_one_global_head", "LG"),
     "at LG's cost, learned per-token routing vs LG": ("routed_at_LG", "LG"),
@@ -57,10 +60,11 @@ comparisons = {
         "routed_head_budget_one_head_early_deadline", "LR_one_global_head"),
     "at LG's cost, a budget of 4 heads committed by step 1000 vs LG": ("routed_head_budget_at_LG_deadline", "LG"),
 }
-headline = {"reference": "LG", "runs": {
+headline = {"reference": "LG", "noise_floor": "LG_other_data", "runs": {
     "dense": "dense attention in both layers",
     "local": "window 32 in both layers",
     "LG": "local first layer, dense second",
+    "LG_other_data": "LG again on another data order, same init (the noise floor)",
     "GL": "dense first layer, local second",
     "LR_one_global_head": "local first layer; one always-global head in the second",
     "routed_at_LG": "learned per-token routing, every layer, at LG's cost",
