@@ -182,9 +182,26 @@ def ratio_or_nan(total, count):
     return total / count if count else math.nan
 
 
+def position_edges(block_size, window):
+    """Where the loss-by-position buckets start, and block_size: [0, window) first, where each target's whole
+    prefix lies inside the window (a local layer sees what a dense one sees, so a gap there is not long
+    context), then doublings of the window up to block_size."""
+    edges, edge = [0], max(1, window)
+    while edge < block_size:
+        edges.append(edge)
+        edge *= 2
+    return edges + [block_size]
+
+
+def loss_by_position(sums, counts, edges):
+    """The mean loss of each position bucket (positions from..to, inclusive) and its number of scored targets."""
+    return [{"from": a, "to": b - 1, "loss": ratio_or_nan(total, n), "targets": n}
+            for a, b, total, n in zip(edges, edges[1:], sums, counts)]
+
+
 @torch.no_grad()
 def evaluate_losses(model, batches, autocast=None, routing=None, key_labels=None, key_counts=None,
-                    progress=None, decisions=None):
+                    progress=None, decisions=None, edges=None):
     """The losses over the scored targets of the batches and their mean routing_stats, as ({'val_loss',
     'key_loss', 'other_loss', 'key_frac'}, stats). key_labels: a (B, T) bool per batch (label_key_tokens()); the
     loss over the key targets and over the others comes from the same forward passes as val_loss (nan for
@@ -195,10 +212,12 @@ def evaluate_losses(model, batches, autocast=None, routing=None, key_labels=None
     (None: the model as trained; a threshold sweep, routers forced local or global). key_counts: a dict that gets,
     per (layer, head or 'any'), the routed gates' label_counts against the key labels (key_routing reads it).
     progress: called after each batch (a progress bar's update). decisions: a list that gets each batch's
-    (gates, probs) (routing_stats.decision_stability reads it)."""
+    (gates, probs) (routing_stats.decision_stability reads it). edges: position_edges(); the result then has
+    'loss_by_position' too (loss_by_position())."""
     device, training = next(model.parameters()).device, model.training
     model.eval()
     loss_sum, scored, key_sum, n_key, other_sum, stats = 0.0, 0, 0.0, 0, 0.0, []
+    position_sums, position_counts = [0.0] * (len(edges or [0]) - 1), [0] * (len(edges or [0]) - 1)
     with torch.random.fork_rng(devices=rng_devices(model)):
         torch.manual_seed(0)
         for i, (x, y) in enumerate(batches):
@@ -207,8 +226,13 @@ def evaluate_losses(model, batches, autocast=None, routing=None, key_labels=None
                 out = model(x, y, routing)
             n = int((y != -1).sum())
             loss_sum, scored = loss_sum + out.lm_loss.item() * n, scored + n
+            losses = target_losses(out.logits, y) if key_labels is not None or edges else None
+            if edges:
+                for j, (a, b) in enumerate(zip(edges, edges[1:])):  # unscored targets add 0
+                    position_sums[j] += losses[:, a:b].sum().item()
+                    position_counts[j] += int((y[:, a:b] != -1).sum())
             if key_labels is not None:
-                losses, is_key = target_losses(out.logits, y), key_labels[i].to(device)
+                is_key = key_labels[i].to(device)
                 key_sum, n_key = key_sum + losses[is_key].sum().item(), n_key + int(is_key.sum())
                 other_sum += losses[~is_key].sum().item()  # unscored targets add 0
                 if key_counts is not None:
@@ -221,10 +245,11 @@ def evaluate_losses(model, batches, autocast=None, routing=None, key_labels=None
                 progress()
     model.train(training)
     labelled = key_labels is not None
+    by_position = {"loss_by_position": loss_by_position(position_sums, position_counts, edges)} if edges else {}
     return {"val_loss": ratio_or_nan(loss_sum, scored),
             "key_loss": ratio_or_nan(key_sum, n_key) if labelled else math.nan,
             "other_loss": ratio_or_nan(other_sum, scored - n_key) if labelled else math.nan,
-            "key_frac": ratio_or_nan(n_key, scored) if labelled else math.nan}, mean_stats(stats)
+            "key_frac": ratio_or_nan(n_key, scored) if labelled else math.nan, **by_position}, mean_stats(stats)
 
 
 def count_gates(counts, gates, labels):
@@ -457,7 +482,8 @@ def evaluate_checkpoint(path, data_dir="", thresholds=DEFAULT_THRESHOLDS, contex
     bar = tqdm(total=passes * len(batches), desc=f"evaluating {run_name(path)}", unit="batch", file=sys.stderr,
                disable=not progress, leave=False, dynamic_ncols=True)
     losses, stats = evaluate_losses(model, batches, autocast, key_labels=labels, key_counts=key_counts,
-                                    progress=bar.update)
+                                    progress=bar.update,
+                                    edges=position_edges(config.block_size, key_window or config.window))
     loss = losses["val_loss"]
     byte_level = data.meta.get("encoding") == "bytes" and "task" not in data.meta
     result = {
@@ -497,7 +523,8 @@ def format_result(result, dtype="float32"):
     r = result
     score = f"{r['bits_per_byte']:.4f} bits per byte" if r["bits_per_byte"] is not None else \
         f"perplexity {r['perplexity']:.3f}"
-    lines = [f"val loss {r['val_loss']:.4f} | {score} | {r['eval_tokens']:,} tokens", key_token_line(r)]
+    lines = [f"val loss {r['val_loss']:.4f} | {score} | {r['eval_tokens']:,} tokens", key_token_line(r),
+             position_line(r)]
     if r["forced_routing"]:
         every = {name: f for name, f in r["forced_routing"].items() if name in ("global", "local")}
         lines.append("forced " + " | forced ".join(f"{name}: val loss {fixed(f['val_loss'])}, key "
@@ -535,6 +562,32 @@ def format_key_routing(rows):
         lines.append(f"{'':27}{row['layer']:5}  {row['head']:>4}  {percent(row['global_frac']):>6}     "
                      f"{percent(row['precision']):>6}  {percent(row['recall']):>6}")
     return "\n".join(lines)
+
+
+def position_label(bucket):
+    return f"{bucket['from']}-{bucket['to']}"
+
+
+def position_line(r):
+    """The printed line of the loss by context position (position_edges())."""
+    buckets = r["loss_by_position"]
+    return (f"loss by context position (at {position_label(buckets[0])} the window holds the whole prefix): " +
+            " | ".join(f"{position_label(b)} {fixed(b['loss'])}" for b in buckets))
+
+
+def position_tables(results):
+    """The loss by context position as markdown, a table per distinct set of buckets (one per window)."""
+    groups = {}
+    for r in results:
+        groups.setdefault(tuple(position_label(b) for b in r["loss_by_position"]), []).append(r)
+    lines = []
+    for labels, rows in groups.items():
+        lines += ["", f"Loss by context position (positions {labels[0]}: the window holds the whole prefix, so "
+                  "every layer, local or global, sees the same context):", "",
+                  "| run | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]
+        lines += [f"| {r['run']} | " + " | ".join(fixed(b["loss"]) for b in r["loss_by_position"]) + " |"
+                  for r in rows]
+    return lines
 
 
 def key_token_line(r):
@@ -579,6 +632,7 @@ def markdown_table(results, dtype="float32"):
                      f"{percent(r['attention_flop_frac_computed'])} | {human_bytes(r['kv_cache_bytes'])} at "
                      f"{r['context_length']} ({percent(r['kv_cache_bytes'] / r['kv_cache_bytes_dense'])} "
                      f"of dense) |")
+    lines += position_tables(results)
     for r in results:
         if r["threshold_sweep"]:
             lines += ["", f"Threshold sweep of {r['run']} (trained at {r['model_config']['router_threshold']:g}):",

@@ -19,7 +19,9 @@ from nanoaha.checkpoint import load_checkpoint, load_model, save_checkpoint
 from nanoaha.evaluation import (
     evaluate_checkpoint,
     evaluate_loss,
+    evaluate_losses,
     fixed_val_batches,
+    position_edges,
     threshold_sweep,
 )
 from nanoaha.key_tokens import key_token_labels
@@ -31,7 +33,7 @@ SPEC_KEYS = {"checkpoint", "run", "layers", "model_config", "data_dir", "encodin
              "attention_flop_frac_ideal", "attention_flop_frac_computed", "attention_flop_frac_inference",
              "kv_cache_bytes", "kv_cache_bytes_dense",
              "context_length", "threshold_sweep", "key_loss", "other_loss", "key_frac", "key_tokens",
-             "forced_routing", "key_routing"}
+             "forced_routing", "key_routing", "loss_by_position"}
 SWEEP_KEYS = {"threshold", "val_loss", "global_frac", "attention_flop_frac_ideal", "attention_flop_frac_computed"}
 
 
@@ -188,6 +190,29 @@ def test_key_and_other_loss_split_the_val_loss_on_the_same_windows(runs):
         assert forced[f"local_layer{layer}"]["val_loss"] == pytest.approx(loss, rel=1e-5)
 
 
+def test_loss_by_position_splits_the_val_loss_and_shows_no_gap_where_the_window_holds_the_prefix(runs):
+    assert position_edges(32, 8) == [0, 8, 16, 32] and position_edges(1024, 32)[-3:] == [256, 512, 1024]
+    assert position_edges(32, 32) == [0, 32] and position_edges(32, 40) == [0, 32]
+    result = evaluated(runs.routed, thresholds=())
+    buckets = result["loss_by_position"]
+    assert [(b["from"], b["to"], b["targets"]) for b in buckets] == [(0, 7, 8 * 64), (8, 15, 8 * 64), (16, 31, 16 * 64)]
+    assert sum(b["loss"] * b["targets"] for b in buckets) / (32 * 64) == pytest.approx(result["val_loss"], rel=1e-5)
+    model, _ = load_model(runs.routed, "cpu")
+    data = TokenData(runs.corpus, 32, 256)
+    x, y = data.batch("val", data.val_starts(64))
+    with torch.no_grad():
+        losses = F.cross_entropy(model(x, y).logits.transpose(1, 2), y, reduction="none")
+    assert buckets[2]["loss"] == pytest.approx(losses[:, 16:].mean().item(), rel=1e-5)
+    # the same weights with every routed head global and every one local: the same loss where the window holds
+    # the whole prefix (positions 0-7), not beyond it
+    batches, edges = batches_of(model, runs.corpus), position_edges(32, 8)
+    forced = [evaluate_losses(model, batches, routing=Routing(force=how), edges=edges)[0]["loss_by_position"]
+              for how in ("global", "local")]
+    assert forced[0][0]["loss"] == pytest.approx(forced[1][0]["loss"], rel=1e-5)
+    assert abs(forced[0][2]["loss"] - forced[1][2]["loss"]) > 1e-3
+    assert "loss_by_position" not in evaluate_losses(model, batches)[0]  # train.py's evaluations do not pay for it
+
+
 def test_command_line_writes_json_and_the_markdown_table(runs, tmp_path, capsys):
     out = tmp_path / "eval"
     evaluate.main([str(runs.root / "runs"), f"--out_dir={out}", "--thresholds=0.2,0.8", "--key_k=2", *FAST])
@@ -200,7 +225,7 @@ def test_command_line_writes_json_and_the_markdown_table(runs, tmp_path, capsys)
     assert settings["thresholds"] == [0.2, 0.8] and settings["eval_tokens"] == EVAL_TOKENS
     assert written == evaluated(runs.routed, thresholds=(0.2, 0.8), key_k=2)
     table = (out / "eval.md").read_text()
-    rows = [line for line in table.splitlines() if line.startswith(("| random ", "| routed "))]
+    rows = [line for line in table.split("\n\n")[0].splitlines() if line.startswith(("| random ", "| routed "))]
     assert [row.split(" | ")[0:2] for row in rows] == [["| random", "RR"], ["| routed", "RR"]]
     assert f"{written['val_loss']:.4f}" in rows[1] and f"bpb {written['bits_per_byte']:.4f}" in rows[1]
     assert f"| {written['key_loss']:.4f} / {written['other_loss']:.4f} (" in rows[1]
@@ -209,6 +234,9 @@ def test_command_line_writes_json_and_the_markdown_table(runs, tmp_path, capsys)
     printed = capsys.readouterr().out
     assert table in printed and f"val loss {written['val_loss']:.4f}" in printed
     assert "key tokens (copies from beyond the window; k 2, window 8, 0 sinks): " in printed
+    assert "loss by context position (at 0-7 the window holds the whole prefix): 0-7 " in printed
+    by_position = f"| routed | " + " | ".join(f"{b['loss']:.4f}" for b in written["loss_by_position"]) + " |"
+    assert "| run | 0-7 | 8-15 | 16-31 |" in table and by_position in table
 
     evaluate.main([runs.random, *FAST])  # no --out_dir: beside the ckpt
     assert json.load(open(os.path.join(runs.random, "eval.json")))["run"] == "random"
