@@ -217,7 +217,8 @@ def evaluate_losses(model, batches, autocast=None, routing=None, key_labels=None
     device, training = next(model.parameters()).device, model.training
     model.eval()
     loss_sum, scored, key_sum, n_key, other_sum, stats = 0.0, 0, 0.0, 0, 0.0, []
-    position_sums, position_counts = [0.0] * (len(edges or [0]) - 1), [0] * (len(edges or [0]) - 1)
+    n_buckets = len(edges) - 1 if edges else 0
+    position_sums, position_counts = [0.0] * n_buckets, [0] * n_buckets
     with torch.random.fork_rng(devices=rng_devices(model)):
         torch.manual_seed(0)
         for i, (x, y) in enumerate(batches):
@@ -620,8 +621,8 @@ def forced_table(forced):
 
 
 def markdown_table(results, dtype="float32"):
-    """One row per checkpoint, then a threshold-sweep table per model with learned routers (and its losses
-    forced global and forced local)."""
+    """One row per checkpoint, the loss by context position (a table per window), then a threshold-sweep table
+    per model with learned routers (and its losses forced global and forced local)."""
     lines = ["| run | layers | val loss | ppl / bpb | key / other loss (key tokens) | global | "
              f"attn FLOPs ideal / computed | KV cache ({dtype}) |", "|---|---|---|---|---|---|---|---|"]
     for r in results:

@@ -235,7 +235,7 @@ def test_command_line_writes_json_and_the_markdown_table(runs, tmp_path, capsys)
     assert table in printed and f"val loss {written['val_loss']:.4f}" in printed
     assert "key tokens (copies from beyond the window; k 2, window 8, 0 sinks): " in printed
     assert "loss by context position (at 0-7 the window holds the whole prefix): 0-7 " in printed
-    by_position = f"| routed | " + " | ".join(f"{b['loss']:.4f}" for b in written["loss_by_position"]) + " |"
+    by_position = "| routed | " + " | ".join(f"{b['loss']:.4f}" for b in written["loss_by_position"]) + " |"
     assert "| run | 0-7 | 8-15 | 16-31 |" in table and by_position in table
 
     evaluate.main([runs.random, *FAST])  # no --out_dir: beside the ckpt
