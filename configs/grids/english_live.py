@@ -15,8 +15,8 @@ results/2026-12-03_stdlib_curves). Key tokens are labelled beyond a window of 32
     python data/english_docs/prepare.py
     python compare.py configs/grids/english_live.py [--from_record=results/<date>_english_live]
 
-Budget: 11 rows x 2 seeds and seeds 3-5 of three rows, 30-55 minutes a run two at a time on the 2-core CPU (20-25
-for the budget committed by step 200; about 12 hours).
+Budget: 12 rows x 2 seeds and seeds 3-5 of three rows, 30-55 minutes a run two at a time on the 2-core CPU (20-25
+for the budget committed by step 200; about 13 hours).
 """
 base = ["configs/quickstart.py"]
 common = {"data_dir": "data/english_docs", "n_layer": 2, "n_embd": 256, "max_iters": 5000, "warmup_iters": 100,
@@ -45,6 +45,10 @@ runs = {
     "routed_head_budget_at_LG_deadline": {"schedule": "R", "router_per_token": False, "router_global_heads": 4,
                                           "router_lambda": 0.0, "router_commit_after": 250,
                                           "router_commit_by_iter": 1000, "seeds": [1, 2, 3, 4, 5]},
+    # the 4-head budget beat LG on seeds 1-2 with two global heads in each layer: is it the layout or learning it?
+    # That seed's final layout fixed from step 0 (random routing at its per-head fractions, each 0 or 1)
+    "fixed_budget_layout": {"schedule": "R", "routing": "random",
+                            "random_global_q": "matched_heads:routed_head_budget_at_LG_deadline", "seeds": [1, 2]},
 }
 comparisons = {
     "dense vs local": ("dense", "local"),
@@ -60,6 +64,9 @@ comparisons = {
     "a budget of one head committed by step 200 vs the fixed global head": (
         "routed_head_budget_one_head_early_deadline", "LR_one_global_head"),
     "at LG's cost, a budget of 4 heads committed by step 1000 vs LG": ("routed_head_budget_at_LG_deadline", "LG"),
+    "the budget's final layout fixed from step 0 vs LG": ("fixed_budget_layout", "LG"),
+    "the 4-head budget vs its own final layout fixed from step 0": ("routed_head_budget_at_LG_deadline",
+                                                                    "fixed_budget_layout"),
 }
 headline = {"reference": "LG", "noise_floor": "LG_other_data", "runs": {
     "dense": "dense attention in both layers",
@@ -73,5 +80,6 @@ headline = {"reference": "LG", "noise_floor": "LG_other_data", "runs": {
     "routed_head_budget_one_head_commit": "learned per-head routing, a budget of one head, heads commit",
     "routed_head_budget_one_head_early_deadline": "the same, every head committed by step 200",
     "routed_head_budget_at_LG_deadline": "learned per-head routing, a budget of 4 heads, committed by step 1000",
+    "fixed_budget_layout": "the 4-head budget's final heads (same seed) fixed from step 0",
 }}
 evaluate = {"eval_tokens": 65536, "key_window": 32}
