@@ -46,9 +46,11 @@ runs = {
                                           "router_lambda": 0.0, "router_commit_after": 250,
                                           "router_commit_by_iter": 1000, "seeds": [1, 2, 3, 4, 5]},
     # the 4-head budget beat LG on seeds 1-2 with two global heads in each layer: is it the layout or learning it?
-    # That seed's final layout fixed from step 0 (random routing at its per-head fractions, each 0 or 1)
+    # That seed's final layout fixed from step 0 (random routing at its per-head fractions, each 0 or 1); seeds 3-5
+    # too, where its layouts were 1+3, 3+1 and 2+2 global heads
     "fixed_budget_layout": {"schedule": "R", "routing": "random",
-                            "random_global_q": "matched_heads:routed_head_budget_at_LG_deadline", "seeds": [1, 2]},
+                            "random_global_q": "matched_heads:routed_head_budget_at_LG_deadline",
+                            "seeds": [1, 2, 3, 4, 5]},
 }
 comparisons = {
     "dense vs local": ("dense", "local"),
