@@ -15,8 +15,8 @@ results/2026-12-03_stdlib_curves). Key tokens are labelled beyond a window of 32
     python data/english_docs/prepare.py
     python compare.py configs/grids/english_live.py [--from_record=results/<date>_english_live]
 
-Budget: 12 rows x 2 seeds and seeds 3-5 of three rows, 30-55 minutes a run two at a time on the 2-core CPU (20-25
-for the budget committed by step 200; about 13 hours).
+Budget: 12 rows x 2 seeds and seeds 3-5 of four rows (36 trainings), 30-55 minutes a run two at a time on the
+2-core CPU (20-25 for the budget committed by step 200; about 16 hours of training processes).
 """
 base = ["configs/quickstart.py"]
 common = {"data_dir": "data/english_docs", "n_layer": 2, "n_embd": 256, "max_iters": 5000, "warmup_iters": 100,
